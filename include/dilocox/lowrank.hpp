@@ -1,0 +1,210 @@
+// dilocox/lowrank.hpp: the PowerSGD power-iteration projector on the host (Eigen).
+// Two-phase API so that P and Q can be reduced across replicas between the steps:
+//   P = X Q  ->  reduce P  ->  P = orth(P)  ->  Q = X^T P  ->  reduce Q  ->  X_hat = P Q^T
+// Orthonormalization is classical Gram-Schmidt applied twice, with columns that
+// vanish (zero or rank-deficient input) replaced by deterministic random
+// directions, so P stays orthonormal and finite and every replica that sees the same
+// P computes the same result. No allocation after construction except in set_rank().
+// Not here: quantization of the factors (quantize.hpp), device code (cuda/lowrank.cuh).
+#pragma once
+
+#include <Eigen/Core>
+#include <Eigen/Eigenvalues>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "dilocox/config.hpp"
+#include "dilocox/random.hpp"
+#include "dilocox/tensor.hpp"
+
+namespace dilocox {
+
+struct LowRankConfig {
+  int rank = 4;
+  bool warm_start = true;    // reuse Q from the last call (PowerSGD's warm start)
+  std::uint64_t seed = 0;    // initial Q and replacement directions; same seed on every replica
+  float epsilon = 1e-8f;     // a column with norm <= epsilon after orthogonalization is replaced
+};
+
+class PowerIterationProjector {
+ public:
+  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+  PowerIterationProjector(std::size_t rows, std::size_t cols, LowRankConfig config)
+      : rows_(rows), cols_(cols), config_(config) {
+    detail::require(rows > 0 && cols > 0, "PowerIterationProjector",
+                    "matrix must be non-empty, got " + std::to_string(rows) + " x " + std::to_string(cols));
+    detail::require(std::isfinite(config.epsilon) && config.epsilon >= 0.0f, "PowerIterationProjector",
+                    "epsilon must be finite and >= 0");
+    resize(checked_rank(config.rank));
+    fill_random(q_, 0);
+  }
+
+  std::size_t rows() const { return rows_; }
+  std::size_t cols() const { return cols_; }
+  int rank() const { return rank_; }
+  const LowRankConfig& config() const { return config_; }
+
+  // P = X Q. Returns P (rows, r) row-major, which the caller may reduce in place.
+  MatrixView<float> left(MatrixView<const float> x) {
+    check_input(x, "left");
+    if (!config_.warm_start) fill_random(q_, ++draws_);
+    p_.noalias() = map(x) * q_;
+    return {p_.data(), rows_, static_cast<std::size_t>(rank_)};
+  }
+
+  // P <- an orthonormal basis of span(P), column by column (P is reduced by now).
+  void orthonormalize_left() {
+    pc_ = p_;  // column-major copy: contiguous columns for the dot products
+    const float tiny = std::max(config_.epsilon, std::numeric_limits<float>::min());
+    for (int j = 0; j < rank_; ++j) {
+      auto v = pc_.col(j);
+      const float before = v.norm();
+      float after = orthogonalize_twice(j);
+      if (!(after > tiny && after > dependent_fraction * before)) {  // also catches NaN
+        for (Eigen::Index i = 0; i < v.size(); ++i)
+          v[i] = counter_normal(config_.seed ^ replacement_salt, (draws_ * rank_ + j) * rows_ + i);
+        ++replacements_;
+        after = orthogonalize_twice(j);
+      }
+      v /= after;
+    }
+    p_ = pc_;
+    ++draws_;
+  }
+
+  // Q = X^T P. Returns Q (cols, r) row-major, which the caller may reduce in place.
+  MatrixView<float> right(MatrixView<const float> x) {
+    check_input(x, "right");
+    q_.noalias() = map(x).transpose() * p_;
+    return {q_.data(), cols_, static_cast<std::size_t>(rank_)};
+  }
+
+  // out = P Q^T, (rows, cols) row-major.
+  void reconstruct(MatrixView<float> out) const {
+    detail::require(out.rows == rows_ && out.cols == cols_, "PowerIterationProjector::reconstruct",
+                    "output is " + std::to_string(out.rows) + " x " + std::to_string(out.cols) +
+                        ", expected " + std::to_string(rows_) + " x " + std::to_string(cols_));
+    Eigen::Map<RowMatrix>(out.data, rows_, cols_).noalias() = p_ * q_.transpose();
+  }
+
+  // All four steps in one process: out = the rank-r approximation of x.
+  void approximate(MatrixView<const float> x, MatrixView<float> out) {
+    left(x);
+    orthonormalize_left();
+    right(x);
+    reconstruct(out);
+  }
+
+  // Estimates of the top r singular values of X, descending: the singular values of
+  // the current Q (valid once P is orthonormal, i.e. after right()). After Q has
+  // been reduced they estimate the reduced matrix.
+  std::span<const float> singular_values() const {
+    gram_f_.noalias() = q_.transpose() * q_;
+    gram_ = gram_f_.cast<double>();
+    eigen_.compute(gram_, Eigen::EigenvaluesOnly);
+    const auto& lambda = eigen_.eigenvalues();  // ascending
+    for (int i = 0; i < rank_; ++i) sigma_[i] = static_cast<float>(std::sqrt(std::max(0.0, lambda[rank_ - 1 - i])));
+    return {sigma_.data(), static_cast<std::size_t>(rank_)};
+  }
+
+  // ||Q||_F^2 = the energy the sketch captures (sum of sigma_i^2).
+  double sketch_energy() const { return static_cast<double>(q_.squaredNorm()); }
+
+  // Changes the rank. Shrinking keeps Q's leading singular directions; growing adds
+  // random directions. Allocates.
+  void set_rank(int r) {
+    r = checked_rank(r);
+    if (r == rank_) return;
+    RowMatrix q = q_;
+    if (r < rank_) {  // rotate Q onto its singular directions, largest first
+      Eigen::MatrixXd g = (q.transpose() * q).cast<double>();
+      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(g);
+      const Eigen::MatrixXf v = es.eigenvectors().rowwise().reverse().leftCols(r).cast<float>();
+      q = (q * v).eval();
+    }
+    const int old = rank_;
+    resize(r);
+    q_.leftCols(std::min(old, r)) = q.leftCols(std::min(old, r));
+    for (int j = old; j < r; ++j)
+      for (std::size_t i = 0; i < cols_; ++i)
+        q_(static_cast<Eigen::Index>(i), j) = counter_normal(config_.seed ^ growth_salt, (++draws_) * cols_ + i);
+    config_.rank = r;
+  }
+
+  // How many columns orthonormalize_left() replaced so far (diagnostics).
+  std::uint64_t replaced_columns() const { return replacements_; }
+
+ private:
+  static constexpr float dependent_fraction = 1e-4f;  // of a column's norm that must survive
+  static constexpr std::uint64_t replacement_salt = 0x5a17b9e3c1d2f4a6ULL;
+  static constexpr std::uint64_t growth_salt = 0x2b7e151628aed2a6ULL;
+
+  int checked_rank(int r) const {
+    const std::size_t limit = std::min(rows_, cols_);
+    detail::require(r >= 1 && static_cast<std::size_t>(r) <= limit, "PowerIterationProjector",
+                    "rank must be in [1, " + std::to_string(limit) + "] for a " + std::to_string(rows_) +
+                        " x " + std::to_string(cols_) + " matrix, got " + std::to_string(r));
+    return r;
+  }
+
+  void resize(int r) {
+    rank_ = r;
+    const auto m = static_cast<Eigen::Index>(rows_), n = static_cast<Eigen::Index>(cols_);
+    p_.setZero(m, r);
+    pc_.setZero(m, r);
+    q_.setZero(n, r);
+    coef_.setZero(r);
+    gram_f_.setZero(r, r);
+    gram_.setZero(r, r);
+    eigen_ = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(r);
+    sigma_.setZero(r);
+  }
+
+  void fill_random(RowMatrix& m, std::uint64_t draw) const {
+    const auto n = static_cast<std::uint64_t>(m.size());
+    for (std::uint64_t i = 0; i < n; ++i) m.data()[i] = counter_normal(config_.seed, draw * n + i);
+  }
+
+  // Removes from column j its components along columns [0, j), twice; returns its norm.
+  float orthogonalize_twice(int j) {
+    auto v = pc_.col(j);
+    for (int pass = 0; pass < 2 && j > 0; ++pass) {
+      auto basis = pc_.leftCols(j);
+      coef_.head(j).noalias() = basis.transpose() * v;
+      v.noalias() -= basis * coef_.head(j);
+    }
+    return v.norm();
+  }
+
+  void check_input(MatrixView<const float> x, const char* step) const {
+    detail::require(x.rows == rows_ && x.cols == cols_ && x.data != nullptr,
+                    (std::string("PowerIterationProjector::") + step).c_str(),
+                    "input is " + std::to_string(x.rows) + " x " + std::to_string(x.cols) + ", expected " +
+                        std::to_string(rows_) + " x " + std::to_string(cols_));
+  }
+
+  Eigen::Map<const RowMatrix> map(MatrixView<const float> x) const {
+    return {x.data, static_cast<Eigen::Index>(x.rows), static_cast<Eigen::Index>(x.cols)};
+  }
+
+  std::size_t rows_, cols_;
+  LowRankConfig config_;
+  int rank_ = 0;
+  std::uint64_t draws_ = 0;         // random draws so far (advances identically on every replica)
+  std::uint64_t replacements_ = 0;
+  RowMatrix p_;                     // (rows, r) row-major: the left factor
+  RowMatrix q_;                     // (cols, r) row-major: the right factor, warm start
+  Eigen::MatrixXf pc_;              // (rows, r) column-major: orthonormalization workspace
+  Eigen::VectorXf coef_;            // (r) projection coefficients
+  mutable Eigen::MatrixXf gram_f_;  // (r, r) Q^T Q
+  mutable Eigen::MatrixXd gram_;    // (r, r) Q^T Q in double
+  mutable Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen_;
+  mutable Eigen::VectorXf sigma_;   // (r) singular value estimates, descending
+};
+
+}  // namespace dilocox
