@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -106,8 +107,8 @@ class PowerIterationProjector {
   std::span<const float> singular_values() const {
     gram_f_.noalias() = q_.transpose() * q_;
     gram_ = gram_f_.cast<double>();
-    eigen_.compute(gram_, Eigen::EigenvaluesOnly);
-    const auto& lambda = eigen_.eigenvalues();  // ascending
+    eigen_->compute(gram_, Eigen::EigenvaluesOnly);
+    const auto& lambda = eigen_->eigenvalues();  // ascending
     for (int i = 0; i < rank_; ++i) sigma_[i] = static_cast<float>(std::sqrt(std::max(0.0, lambda[rank_ - 1 - i])));
     return {sigma_.data(), static_cast<std::size_t>(rank_)};
   }
@@ -161,7 +162,7 @@ class PowerIterationProjector {
     coef_.setZero(r);
     gram_f_.setZero(r, r);
     gram_.setZero(r, r);
-    eigen_ = Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>(r);
+    eigen_.emplace(r);  // constructed in place: Eigen leaves its status unset until compute()
     sigma_.setZero(r);
   }
 
@@ -203,7 +204,7 @@ class PowerIterationProjector {
   Eigen::VectorXf coef_;            // (r) projection coefficients
   mutable Eigen::MatrixXf gram_f_;  // (r, r) Q^T Q
   mutable Eigen::MatrixXd gram_;    // (r, r) Q^T Q in double
-  mutable Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> eigen_;
+  mutable std::optional<Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>> eigen_;  // workspace for (r, r)
   mutable Eigen::VectorXf sigma_;   // (r) singular value estimates, descending
 };
 

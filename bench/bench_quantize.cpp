@@ -1,0 +1,109 @@
+// BM_Int{8,4}{Quantize,Dequantize}/<bytes of fp32 input>: single-thread quantizer
+// throughput in GB/s of fp32 data, each beside the floor it chases: a memcpy of the
+// same fp32 buffer timed in the same benchmark (counters memcpy_GBps, vs_memcpy).
+// Run with --benchmark_repetitions=5 --benchmark_report_aggregates_only=true for medians.
+#include <benchmark/benchmark.h>
+#include <dilocox/quantize.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace dx = dilocox;
+
+namespace {
+
+std::vector<float> make_input(std::size_t n) {
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = dx::counter_normal(7, i);
+  return x;
+}
+
+// GB/s of a memcpy of `bytes` from src to dst: the best of a few copies, so a single
+// slow copy from the noisy machine does not set the floor too low.
+double memcpy_rate(const void* src, void* dst, std::size_t bytes) {
+  double best = INFINITY;
+  const int reps = bytes >= (std::size_t{64} << 20) ? 3 : 20;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst, src, bytes);
+    benchmark::ClobberMemory();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return static_cast<double>(bytes) / best / 1e9;
+}
+
+void report(benchmark::State& state, std::size_t n, double memcpy_gbps, std::size_t encoded) {
+  const double bytes = static_cast<double>(n) * 4;
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations()) * static_cast<std::int64_t>(bytes));
+  state.counters["memcpy_GBps"] = memcpy_gbps;
+  // iteration-invariant rate: bytes / (time per iteration), reported as a ratio to memcpy
+  state.counters["vs_memcpy"] = benchmark::Counter(bytes / 1e9 / memcpy_gbps, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["compression_ratio"] = bytes / static_cast<double>(encoded);
+}
+
+template <int Bits>
+void BM_Quantize(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0)) / 4;
+  const dx::QuantConfig c{.bits = Bits, .block = 128};
+  const auto x = make_input(n);
+  std::vector<std::byte> enc(dx::encoded_size(n, c));
+  std::vector<float> copy(n);
+  const double floor = memcpy_rate(x.data(), copy.data(), n * 4);
+  for (auto _ : state) {
+    dx::quantize(x, enc, c);
+    benchmark::DoNotOptimize(enc.data());
+    benchmark::ClobberMemory();
+  }
+  report(state, n, floor, enc.size());
+}
+
+template <int Bits>
+void BM_Dequantize(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0)) / 4;
+  const dx::QuantConfig c{.bits = Bits, .block = 128};
+  const auto x = make_input(n);
+  std::vector<std::byte> enc(dx::encoded_size(n, c));
+  dx::quantize(x, enc, c);
+  std::vector<float> out(n);
+  const double floor = memcpy_rate(x.data(), out.data(), n * 4);
+  for (auto _ : state) {
+    dx::dequantize(enc, out, c);
+    benchmark::DoNotOptimize(out.data());
+    benchmark::ClobberMemory();
+  }
+  report(state, n, floor, enc.size());
+}
+
+void BM_StochasticInt4Quantize(benchmark::State& state) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0)) / 4;
+  const dx::QuantConfig c{.bits = 4, .block = 128, .rounding = dx::Rounding::stochastic, .seed = 3};
+  const auto x = make_input(n);
+  std::vector<std::byte> enc(dx::encoded_size(n, c));
+  std::vector<float> copy(n);
+  const double floor = memcpy_rate(x.data(), copy.data(), n * 4);
+  for (auto _ : state) {
+    dx::quantize(x, enc, c);
+    benchmark::DoNotOptimize(enc.data());
+    benchmark::ClobberMemory();
+  }
+  report(state, n, floor, enc.size());
+}
+
+void sizes(benchmark::internal::Benchmark* b) {
+  for (std::int64_t bytes = 4 << 10; bytes <= (std::int64_t{256} << 20); bytes *= 16) b->Arg(bytes);
+  b->Arg(std::int64_t{64} << 20);
+  b->Unit(benchmark::kMicrosecond)->UseRealTime();
+}
+
+}  // namespace
+
+BENCHMARK(BM_Quantize<8>)->Name("BM_Int8Quantize")->Apply(sizes);
+BENCHMARK(BM_Dequantize<8>)->Name("BM_Int8Dequantize")->Apply(sizes);
+BENCHMARK(BM_Quantize<4>)->Name("BM_Int4Quantize")->Apply(sizes);
+BENCHMARK(BM_Dequantize<4>)->Name("BM_Int4Dequantize")->Apply(sizes);
+BENCHMARK(BM_StochasticInt4Quantize)->Apply(sizes);
+
+BENCHMARK_MAIN();

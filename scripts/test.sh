@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The README's test command. Installs what is missing, then builds and runs:
+#   1. the Release build's tests (unit, packaging, examples),
+#   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+#   3. the libFuzzer wire-decoder target for 60 s, when clang is present.
+# Build folders: build/, build-asan/, build-fuzz/. Skips nothing silently: each
+# stage prints its ctest summary, and the script fails if any stage fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install_deps.sh
+jobs=$(nproc)
+
+stage() { echo; echo "=== $* ==="; }
+
+stage "Release build and tests"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$jobs"
+ctest --test-dir build -j "$jobs" --output-on-failure
+
+stage "ASan + UBSan build and unit tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=address,undefined -DDILOCOX_NATIVE=OFF \
+  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF >/dev/null
+cmake --build build-asan -j "$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan -j "$jobs" -L unit --output-on-failure
+
+if command -v clang++ >/dev/null 2>&1; then
+  stage "libFuzzer: wire decoder, ${DILOCOX_FUZZ_SECONDS:-60} s"
+  cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
+    -DDILOCOX_BUILD_TESTS=OFF -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF \
+    -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
+  cmake --build build-fuzz -j "$jobs"
+  ctest --test-dir build-fuzz -L fuzz --output-on-failure
+else
+  stage "libFuzzer skipped: clang++ not found"
+fi
+echo
+echo "scripts/test.sh: all stages passed"
