@@ -3,8 +3,9 @@
 
 Same matrices (decaying spectra, written to a temporary file for our side), same
 rank, same number of warm-started calls. PyTorch runs the real hook inside DDP
-(gloo, world size 1) on one bias-free Linear layer whose gradient is the matrix;
-the hook itself is timed. Error: ||X - X_hat||_F / ||X||_F after the last call.
+(gloo, world size 1) on one bias-free Linear layer: the forward takes the identity
+as input and the loss is sum(y * X^T), so the weight's gradient is exactly X; the
+hook itself is timed. Error: ||X - X_hat||_F / ||X||_F after the last call.
 Time: median per call over the calls after the first.
   /usr/bin/python3 bench/powersgd_vs_torch.py --ours build/bench/powersgd_ours
 """
@@ -42,7 +43,7 @@ def torch_powersgd(x, rank, iters):
                                orthogonalization_epsilon=0, random_seed=0)
     seconds = []
 
-    def timed_hook(st, bucket):
+    def timed_hook(st, bucket):  # DDP requires the parameter name `bucket`
         t0 = time.perf_counter()
         fut = psgd.powerSGD_hook(st, bucket)
         fut.wait()
@@ -51,9 +52,10 @@ def torch_powersgd(x, rank, iters):
 
     ddp.register_comm_hook(state, timed_hook)
     out = None
+    eye = torch.eye(n)
     for _ in range(iters + 2):
         layer.weight.grad = None
-        (ddp.module.weight * x).sum().backward()  # d/dW = X
+        (ddp(eye) * x.T).sum().backward()  # d/dW = X
         out = layer.weight.grad.detach().clone()
     powersgd_calls = seconds[2:]
     err = float((x - out).norm() / x.norm())

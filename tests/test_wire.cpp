@@ -102,12 +102,14 @@ TEST(Wire, ForeignOrInconsistentHeadersThrowNamingTheProblem) {
   EXPECT_THAT(read_error(forge<std::uint16_t>(p, 4, 2)), HasSubstr("version 2"));
   EXPECT_THAT(read_error(forge<std::uint32_t>(p, 0, 0x46445025)), HasSubstr("magic"));
   EXPECT_THAT(read_error(forge<std::uint16_t>(p, 6, 77)), HasSubstr("kind"));
+  EXPECT_THAT(read_error(forge<std::uint16_t>(p, 6, 0)), HasSubstr("kind"));
   EXPECT_THAT(read_error(forge<std::uint8_t>(p, 8, 7)), HasSubstr("ndim"));
   EXPECT_THAT(read_error(forge<std::uint64_t>(p, 24, 11)), HasSubstr("count"));
   EXPECT_THAT(read_error(forge<std::uint64_t>(p, 72, 71)), HasSubstr("count"));
   EXPECT_THAT(read_error(forge<std::uint8_t>(p, 9, 5)), HasSubstr("bits"));
   EXPECT_THAT(read_error(forge<std::uint32_t>(p, 12, 0)), HasSubstr("block"));
-  EXPECT_THAT(read_error(forge<std::uint8_t>(p, 84, 1)), HasSubstr("reserved"));
+  EXPECT_THAT(read_error(forge<std::uint8_t>(p, 82, 1)), HasSubstr("reserved"));
+  EXPECT_THAT(read_error(forge<std::uint32_t>(p, 84, 3)), HasSubstr("nnz"));
   EXPECT_THAT(read_error(forge<std::uint64_t>(p, 88, 1u << 20)), HasSubstr("truncated"));
   auto shorter_body = forge<std::uint64_t>(p, 88, dx::encoded_size(70, {.bits = 8, .block = 16}) - 1);
   EXPECT_THAT(read_error(shorter_body), HasSubstr("body"));

@@ -1,14 +1,28 @@
 // dilocox/dilocox.hpp: the umbrella header: the host core (tensor views, quantizers,
-// projector, error feedback, wire format). Needs Eigen on the include path.
+// projector, error feedback, wire format, codecs, reducers, compressors, outer
+// optimizer, adaptive rank, overlap, OuterLoop) with the in-process and throttled
+// communicators. Needs Eigen on the include path.
 // MPI, NCCL and CUDA headers are included by name, never from here.
 #pragma once
 
+#include "dilocox/adaptive.hpp"
 #include "dilocox/checksum.hpp"
+#include "dilocox/codec.hpp"
+#include "dilocox/comm/communicator.hpp"
+#include "dilocox/comm/cost.hpp"
+#include "dilocox/comm/thread.hpp"
+#include "dilocox/comm/throttled.hpp"
+#include "dilocox/compressor.hpp"
 #include "dilocox/config.hpp"
+#include "dilocox/diloco.hpp"
 #include "dilocox/error_feedback.hpp"
+#include "dilocox/half.hpp"
 #include "dilocox/lowrank.hpp"
+#include "dilocox/outer.hpp"
+#include "dilocox/overlap.hpp"
 #include "dilocox/quantize.hpp"
 #include "dilocox/random.hpp"
+#include "dilocox/reduce.hpp"
 #include "dilocox/tensor.hpp"
 #include "dilocox/tensor_eigen.hpp"
 #include "dilocox/wire.hpp"

@@ -137,6 +137,10 @@ class PowerIterationProjector {
     config_.rank = r;
   }
 
+  // The factors as flat row-major buffers, e.g. to write a reduced mean back.
+  std::span<float> left_factor() { return {p_.data(), static_cast<std::size_t>(p_.size())}; }
+  std::span<float> right_factor() { return {q_.data(), static_cast<std::size_t>(q_.size())}; }
+
   // How many columns orthonormalize_left() replaced so far (diagnostics).
   std::uint64_t replaced_columns() const { return replacements_; }
 

@@ -190,11 +190,18 @@ void quantize_block(const float* x, std::size_t len, std::size_t base, const Blo
       auto* out = reinterpret_cast<std::int8_t*>(codes) + c0;
       for (std::size_t i = 0; i < m; ++i) out[i] = static_cast<std::int8_t>(q[i]);
     } else {
+      // Biased codes as bytes, then each byte pair (as one 16-bit lane) folded into
+      // one byte: contiguous lanes vectorize where a stride-2 gather does not.
+      std::uint8_t c[chunk + 1];
+      for (std::size_t i = 0; i < m; ++i) c[i] = static_cast<std::uint8_t>(q[i] + 8);
+      c[m] = 8;  // pads an odd tail with a zero code
       auto* out = reinterpret_cast<std::uint8_t*>(codes) + c0 / 2;
-      const std::size_t pairs = m / 2;
-      for (std::size_t j = 0; j < pairs; ++j)
-        out[j] = static_cast<std::uint8_t>((q[2 * j] + 8) | ((q[2 * j + 1] + 8) << 4));
-      if (m % 2) out[pairs] = static_cast<std::uint8_t>((q[m - 1] + 8) | (8 << 4));
+      const std::size_t pairs = (m + 1) / 2;
+      for (std::size_t j = 0; j < pairs; ++j) {
+        std::uint16_t w;
+        std::memcpy(&w, c + 2 * j, 2);
+        out[j] = static_cast<std::uint8_t>((w & 0x0f) | ((w >> 4) & 0xf0));
+      }
     }
   }
 }

@@ -2,7 +2,8 @@
 // wire. Layout (little-endian), 96-byte header then name, body, checksum:
 //   0 magic "DLCX" | 4 u16 version | 6 u16 kind | 8 u8 ndim | 9 u8 bits | 10 u8 rounding
 //   11 u8 scale format | 12 u32 block | 16 u64 seed | 24 u64 dims[6] | 72 u64 count
-//   80 u16 name length | 82 6 zero bytes | 88 u64 body length | 96 name | body | u64 checksum
+//   80 u16 name length | 82 u16 zero | 84 u32 nnz (sparse only) | 88 u64 body length
+//   96 name | body | u64 checksum
 // The checksum (checksum.hpp) covers every byte before it. Needs only the standard
 // library and quantize.hpp's config; does not compress (the body is given).
 #pragma once
@@ -28,14 +29,21 @@ inline constexpr std::size_t wire_checksum_bytes = 8;
 inline constexpr std::size_t wire_max_name = 1024;
 
 enum class PayloadKind : std::uint16_t {
-  dense_f32 = 1,  // body: count floats
-  quantized = 2,  // body: quantize() output for count floats under `quant`
+  dense_f32 = 1,         // body: count floats
+  quantized = 2,         // body: quantize() output for count floats under `quant`
+  dense_f16 = 3,         // body: count IEEE binary16 values
+  dense_bf16 = 4,        // body: count bfloat16 values
+  sparse_quantized = 5,  // body: nnz u32 indices (< count), then quantize() of nnz values
 };
+inline constexpr std::uint16_t max_payload_kind = 5;
+
+inline bool uses_quant(PayloadKind k) { return k == PayloadKind::quantized || k == PayloadKind::sparse_quantized; }
 
 struct PayloadHeader {
   PayloadKind kind = PayloadKind::dense_f32;
-  Shape shape;        // count = shape.numel()
-  QuantConfig quant;  // meaningful for quantized payloads
+  Shape shape;             // count = shape.numel()
+  QuantConfig quant;       // for quantized and sparse payloads
+  std::uint32_t nnz = 0;   // for sparse payloads: entries carried
 };
 
 // Body bytes a payload of this header carries.
@@ -43,6 +51,9 @@ inline std::size_t body_size(const PayloadHeader& h) {
   switch (h.kind) {
     case PayloadKind::dense_f32: return h.shape.numel() * sizeof(float);
     case PayloadKind::quantized: return encoded_size(h.shape.numel(), h.quant);
+    case PayloadKind::dense_f16:
+    case PayloadKind::dense_bf16: return h.shape.numel() * 2;
+    case PayloadKind::sparse_quantized: return std::size_t{h.nnz} * 4 + encoded_size(h.nnz, h.quant);
   }
   throw Error("wire: unknown payload kind " + std::to_string(static_cast<int>(h.kind)));
 }
@@ -72,7 +83,9 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   detail::require(name.size() <= wire_max_name, "begin_payload",
                   "name longer than " + std::to_string(wire_max_name) + " bytes");
   detail::require(h.shape.rank <= max_rank, "begin_payload", "shape has too many dimensions");
-  if (h.kind == PayloadKind::quantized) validate(h.quant);
+  if (uses_quant(h.kind)) validate(h.quant);
+  detail::require(h.kind == PayloadKind::sparse_quantized ? h.nnz <= h.shape.numel() : h.nnz == 0, "begin_payload",
+                  "nnz " + std::to_string(h.nnz) + " does not fit the kind and shape");
   const std::size_t body = body_size(h), total = payload_size(h, name);
   detail::require(out.size() >= total, "begin_payload",
                   "output holds " + std::to_string(out.size()) + " bytes, needs " + std::to_string(total));
@@ -82,7 +95,7 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   put<std::uint16_t>(b, 4, wire_version);
   put<std::uint16_t>(b, 6, static_cast<std::uint16_t>(h.kind));
   put<std::uint8_t>(b, 8, static_cast<std::uint8_t>(h.shape.rank));
-  if (h.kind == PayloadKind::quantized) {
+  if (uses_quant(h.kind)) {
     put<std::uint8_t>(b, 9, static_cast<std::uint8_t>(h.quant.bits));
     put<std::uint8_t>(b, 10, static_cast<std::uint8_t>(h.quant.rounding));
     put<std::uint8_t>(b, 11, static_cast<std::uint8_t>(h.quant.scale));
@@ -92,6 +105,7 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   for (std::size_t i = 0; i < h.shape.rank; ++i) put<std::uint64_t>(b, 24 + 8 * i, h.shape.dims[i]);
   put<std::uint64_t>(b, 72, h.shape.numel());
   put<std::uint16_t>(b, 80, static_cast<std::uint16_t>(name.size()));
+  put<std::uint32_t>(b, 84, h.nnz);
   put<std::uint64_t>(b, 88, body);
   if (!name.empty()) std::memcpy(b + wire_header_bytes, name.data(), name.size());
   return out.subspan(wire_header_bytes + name.size(), body);
@@ -150,7 +164,7 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
 
   PayloadView v;
   const auto kind = get<std::uint16_t>(b, 6);
-  if (kind != 1 && kind != 2) fail("unknown kind " + std::to_string(kind));
+  if (kind < 1 || kind > max_payload_kind) fail("unknown kind " + std::to_string(kind));
   v.header.kind = static_cast<PayloadKind>(kind);
   const auto ndim = get<std::uint8_t>(b, 8);
   if (ndim > max_rank) fail("ndim " + std::to_string(ndim) + " > " + std::to_string(max_rank));
@@ -167,9 +181,11 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
     v.header.shape.dims[i] = d;
   }
   if (count != get<std::uint64_t>(b, 72)) fail("count does not match the shape " + v.header.shape.str());
-  for (std::size_t i = 82; i < 88; ++i)
-    if (b[i] != std::byte{0}) fail("reserved header bytes are not zero");
-  if (v.header.kind == PayloadKind::quantized) {
+  if (get<std::uint16_t>(b, 82) != 0) fail("reserved header bytes are not zero");
+  v.header.nnz = get<std::uint32_t>(b, 84);
+  if (v.header.kind == PayloadKind::sparse_quantized ? v.header.nnz > count : v.header.nnz != 0)
+    fail("nnz " + std::to_string(v.header.nnz) + " does not fit the kind and count");
+  if (uses_quant(v.header.kind)) {
     v.header.quant.bits = get<std::uint8_t>(b, 9);
     v.header.quant.rounding = static_cast<Rounding>(get<std::uint8_t>(b, 10));
     v.header.quant.scale = static_cast<ScaleFormat>(get<std::uint8_t>(b, 11));
@@ -185,12 +201,20 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
       if (b[i] != std::byte{0}) fail("dense payload with quantization fields set");
   }
   // body_size of a huge count may overflow: compare in the direction that cannot.
-  const std::size_t elem_bound = v.header.kind == PayloadKind::dense_f32 ? body_len / 4 : body_len * 2 + 2;
+  std::uint64_t elem_bound = body_len * 2 + 2;  // quantized: at least half a byte per element
+  if (v.header.kind == PayloadKind::dense_f32) elem_bound = body_len / 4;
+  if (v.header.kind == PayloadKind::dense_f16 || v.header.kind == PayloadKind::dense_bf16) elem_bound = body_len / 2;
+  if (v.header.kind == PayloadKind::sparse_quantized) elem_bound = count;  // body bounded by nnz below
   if (count > elem_bound) fail("body of " + std::to_string(body_len) + " bytes is too short for " + std::to_string(count) + " elements");
   if (body_size(v.header) != body_len)
     fail("body of " + std::to_string(body_len) + " bytes, expected " + std::to_string(body_size(v.header)));
   v.name = std::string_view(reinterpret_cast<const char*>(b + wire_header_bytes), name_len);
   v.body = in.subspan(wire_header_bytes + name_len, body_len);
+  if (v.header.kind == PayloadKind::sparse_quantized) {
+    for (std::uint32_t i = 0; i < v.header.nnz; ++i)
+      if (get<std::uint32_t>(v.body.data(), 4 * std::size_t{i}) >= count)
+        fail("sparse index " + std::to_string(i) + " outside the tensor");
+  }
   v.size = end + wire_checksum_bytes;
   return v;
 }

@@ -1,0 +1,100 @@
+// dilocox/adaptive.hpp: AdaptiveRankController, our reconstruction of DiLoCoX's
+// adaptive gradient compression (the paper gives the idea, not the rule; DESIGN.md 2.6):
+//   effective rank  = smallest k with sum_{i<=k} sigma_i^2 >= rho * sum_i sigma_i^2
+//                     (sigma: the sketch's singular-value estimates), except that when
+//                     the sketch holds < rho_total of ||x||_F^2 the rank doubles instead;
+//   next rank       = ceil(mean of the last `window` effective ranks), in [r_min, r_max]
+//                     (the window starts full of the initial rank, so decreases are gradual;
+//                     a growth refills the window, so recovery is immediate);
+//   next local steps = clamp(round(H0 * r / r0), max(H_min, overlap floor), H_max).
+// Pure arithmetic on what every replica sees identically; no I/O.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <span>
+#include <string>
+
+#include "dilocox/config.hpp"
+
+namespace dilocox {
+
+struct AdaptiveConfig {
+  double rho = 0.9;          // energy fraction the effective rank must keep
+  double rho_total = 0.5;    // below this fraction of ||x||^2 in the sketch, the rank grows
+  int window = 5;            // rounds averaged
+  int r_min = 2, r_max = 64; // rank clamps
+  int h0 = 50;               // local steps at the initial rank r0
+  int h_min = 10, h_max = 500;
+};
+
+class AdaptiveRankController {
+ public:
+  AdaptiveRankController(AdaptiveConfig config, int initial_rank)
+      : config_(config), r0_(initial_rank), rank_(initial_rank) {
+    const auto& c = config;
+    detail::require(c.rho > 0 && c.rho <= 1, "AdaptiveConfig", "rho must be in (0, 1]");
+    detail::require(c.rho_total >= 0 && c.rho_total <= 1, "AdaptiveConfig", "rho_total must be in [0, 1]");
+    detail::require(c.window >= 1, "AdaptiveConfig", "window must be >= 1");
+    detail::require(c.r_min >= 1 && c.r_min <= c.r_max, "AdaptiveConfig", "need 1 <= r_min <= r_max");
+    detail::require(c.h_min >= 1 && c.h_min <= c.h_max, "AdaptiveConfig", "need 1 <= h_min <= h_max");
+    detail::require(c.h0 >= 1, "AdaptiveConfig", "h0 must be >= 1");
+    detail::require(initial_rank >= c.r_min && initial_rank <= c.r_max, "AdaptiveRankController",
+                    "initial rank " + std::to_string(initial_rank) + " outside [r_min, r_max]");
+    history_.assign(static_cast<std::size_t>(c.window), initial_rank);
+  }
+
+  // One round's sketch: singular values (descending), the sketch's energy
+  // (sum sigma^2) and the energy of what was compressed (||x||_F^2).
+  void observe(std::span<const float> sigma, double sketch_energy, double total_energy) {
+    last_effective_ = effective_rank(sigma, sketch_energy, total_energy);
+    if (last_effective_ > static_cast<int>(sigma.size()))  // growth acts at once: the window
+      history_.assign(history_.size(), last_effective_);  // smooths decreases only
+    history_.push_back(last_effective_);
+    while (static_cast<int>(history_.size()) > config_.window) history_.pop_front();
+    double sum = 0;
+    for (int r : history_) sum += r;
+    rank_ = std::clamp(static_cast<int>(std::ceil(sum / static_cast<double>(history_.size()) - 1e-9)), config_.r_min,
+                       config_.r_max);
+  }
+
+  // The effective rank of one sketch, before smoothing (DESIGN.md 2.6).
+  int effective_rank(std::span<const float> sigma, double sketch_energy, double total_energy) const {
+    const int r = static_cast<int>(sigma.size());
+    if (total_energy > 0 && sketch_energy < config_.rho_total * total_energy)
+      return std::min(2 * std::max(r, 1), config_.r_max);  // the sketch misses too much: grow
+    double all = 0;
+    for (float s : sigma) all += static_cast<double>(s) * s;
+    if (all <= 0) return config_.r_min;
+    double acc = 0;
+    for (int k = 0; k < r; ++k) {
+      acc += static_cast<double>(sigma[k]) * sigma[k];
+      if (acc >= config_.rho * all) return k + 1;
+    }
+    return r;
+  }
+
+  int rank() const { return rank_; }                 // r_{t+1}
+  int initial_rank() const { return r0_; }
+  int last_effective_rank() const { return last_effective_; }
+
+  // H_{t+1} for a given rank; overlap_floor = the fewest local steps whose compute
+  // hides one compressed reduction on the measured link.
+  int local_steps_for(double rank, int overlap_floor = 0) const {
+    const int lo = std::max(config_.h_min, std::min(overlap_floor, config_.h_max));
+    const long h = std::lround(config_.h0 * rank / r0_);
+    return static_cast<int>(std::clamp<long>(h, lo, config_.h_max));
+  }
+  int local_steps(int overlap_floor = 0) const { return local_steps_for(rank_, overlap_floor); }
+
+  const AdaptiveConfig& config() const { return config_; }
+
+ private:
+  AdaptiveConfig config_;
+  int r0_, rank_;
+  int last_effective_ = 0;
+  std::deque<int> history_;  // the last `window` effective ranks
+};
+
+}  // namespace dilocox

@@ -1,0 +1,53 @@
+// dilocox/outer.hpp: the outer optimizer of DiLoCo rounds, SGD with (Nesterov)
+// momentum on the averaged pseudo-gradient Delta (the direction to subtract):
+//   v <- mu v + Delta;   theta <- theta - lr (Delta + mu v)   (Nesterov)
+//                        theta <- theta - lr v                (heavy ball)
+// Host memory, standard library only. Not here: the inner optimizer (the trainer's).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dilocox/config.hpp"
+
+namespace dilocox {
+
+struct NesterovConfig {
+  float lr = 0.7f;
+  float momentum = 0.9f;
+  bool nesterov = true;
+};
+
+class NesterovOuterOptimizer {
+ public:
+  NesterovOuterOptimizer(std::size_t n, NesterovConfig config) : config_(config), v_(n, 0.0f) {
+    detail::require(std::isfinite(config.lr) && config.lr > 0, "NesterovOuterOptimizer", "lr must be > 0");
+    detail::require(std::isfinite(config.momentum) && config.momentum >= 0 && config.momentum < 1,
+                    "NesterovOuterOptimizer", "momentum must be in [0, 1)");
+  }
+
+  void step(std::span<float> theta, std::span<const float> delta) {
+    detail::require(theta.size() == v_.size() && delta.size() == v_.size(), "NesterovOuterOptimizer::step",
+                    "spans have " + std::to_string(theta.size()) + " and " + std::to_string(delta.size()) +
+                        " elements, the state has " + std::to_string(v_.size()));
+    const float lr = config_.lr, mu = config_.momentum;
+    float* v = v_.data();
+    for (std::size_t i = 0; i < v_.size(); ++i) {
+      v[i] = mu * v[i] + delta[i];
+      theta[i] -= lr * (config_.nesterov ? delta[i] + mu * v[i] : v[i]);
+    }
+  }
+
+  const NesterovConfig& config() const { return config_; }
+  std::span<const float> momentum_buffer() const { return v_; }
+  std::span<float> momentum_buffer() { return v_; }  // for checkpoints
+
+ private:
+  NesterovConfig config_;
+  std::vector<float> v_;  // (n) host
+};
+
+}  // namespace dilocox

@@ -1,0 +1,180 @@
+// dilocox/reduce.hpp: CompressedReducer, the mean of one flat float vector across
+// the K replicas of a Communicator, with every message encoded by a Codec. Every
+// rank ends with bit-identical results:
+//   allgather: each rank encodes once; all payloads are gathered and decoded and
+//              summed in rank order (K-1 payloads received per rank; fine for small K);
+//   ring:      reduce-scatter in K chunks that decodes, adds and re-encodes on every
+//              hop, then the owner of each chunk encodes its mean once and an
+//              all-gather hands those bytes to everyone (2(K-1)/K payloads per rank).
+// Ranks flagged as not contributing send zeros and are left out of the mean.
+// Not here: what is reduced (compressor.hpp) or when (overlap.hpp).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dilocox/codec.hpp"
+#include "dilocox/comm/communicator.hpp"
+#include "dilocox/comm/cost.hpp"
+#include "dilocox/config.hpp"
+#include "dilocox/random.hpp"
+#include "dilocox/wire.hpp"
+
+namespace dilocox {
+
+enum class ReduceAlgorithm : std::uint8_t { allgather, ring };
+
+inline const char* to_string(ReduceAlgorithm a) { return a == ReduceAlgorithm::ring ? "ring" : "allgather"; }
+
+struct ReduceResult {
+  WireCost cost;         // what this rank put on the wire, and the hops it waited for
+  int contributors = 0;  // ranks averaged
+};
+
+template <Communicator C>
+class CompressedReducer {
+ public:
+  CompressedReducer(C& comm, Codec codec, ReduceAlgorithm algorithm)
+      : comm_(&comm), codec_(codec), algorithm_(algorithm) {
+    if (codec.encoding == Encoding::quantized) validate(codec.quant);
+  }
+  const Codec& codec() const { return codec_; }
+  ReduceAlgorithm algorithm() const { return algorithm_; }
+
+  // out = mean over contributing ranks of what their x decodes to. `contributes` has
+  // one entry per rank and must be identical on every rank; x is ignored on a rank
+  // that does not contribute. `seed` varies stochastic rounding per call.
+  ReduceResult mean(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
+                    std::uint64_t seed) {
+    const int k = comm_->size();
+    detail::require(contributes.size() == static_cast<std::size_t>(k), "CompressedReducer::mean",
+                    "contributes has " + std::to_string(contributes.size()) + " entries for " + std::to_string(k) +
+                        " ranks");
+    detail::require(x.size() == out.size(), "CompressedReducer::mean", "input and output sizes differ");
+    ReduceResult r;
+    for (auto c : contributes) r.contributors += c ? 1 : 0;
+    r.cost = algorithm_ == ReduceAlgorithm::ring && k > 1 ? ring(x, contributes, out, seed)
+                                                          : gather(x, contributes, out, seed);
+    const float inv = r.contributors > 0 ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
+    if (algorithm_ == ReduceAlgorithm::allgather || k == 1)
+      for (float& v : out) v *= inv;
+    return r;
+  }
+
+ private:
+  std::uint64_t hop_seed(std::uint64_t seed, int step) const {
+    return seed ^ (static_cast<std::uint64_t>(mix32(static_cast<std::uint32_t>(comm_->rank()) * 7919U +
+                                                    static_cast<std::uint32_t>(step))) << 32);
+  }
+
+  // Checks a received payload against what this codec sends, then adds it into out.
+  void add_payload(std::span<const std::byte> bytes, int from, std::span<float> out) const {
+    const PayloadView v = read_payload(bytes);
+    PayloadHeader want = codec_header(codec_, out.size());
+    want.quant.seed = v.header.quant.seed;
+    if (v.header.kind != want.kind || !(v.header.shape == want.shape) || !(v.header.quant == want.quant))
+      throw Error("CompressedReducer: rank " + std::to_string(from) + " sent a payload that does not match this " +
+                  "rank's codec " + to_string(codec_) + " and length " + std::to_string(out.size()));
+    decode_add(v, out);
+  }
+
+  WireCost gather(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
+                  std::uint64_t seed) {
+    const int k = comm_->size(), me = comm_->rank();
+    const std::size_t p = codec_payload_size(codec_, x.size());
+    send_.resize(p);
+    recv_.resize(p * static_cast<std::size_t>(k));
+    encode_or_zero(contributes[me] ? x : std::span<const float>{}, x.size(), send_, hop_seed(seed, 0));
+    comm_->allgather(send_, recv_);
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (int r = 0; r < k; ++r)  // rank order: the same sum on every rank
+      if (contributes[r]) add_payload(std::span<const std::byte>(recv_).subspan(r * p, p), r, out);
+    return ring_allgather_cost(p, k);
+  }
+
+  WireCost ring(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
+                std::uint64_t seed) {
+    const int k = comm_->size(), me = comm_->rank();
+    const bool mine = contributes[me] != 0;
+    int count = 0;
+    for (auto c : contributes) count += c ? 1 : 0;
+    const std::size_t n = x.size();
+    const std::size_t align = codec_.encoding == Encoding::quantized ? codec_.quant.block : 1;
+    const std::size_t per = (n + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
+    const std::size_t len = std::max<std::size_t>(align, (per + align - 1) / align * align);  // chunk length
+    const std::size_t p = codec_payload_size(codec_, len), status = 8;
+    auto chunk = [&](int c, std::span<const float> v) {  // elements of chunk c that exist in v
+      const std::size_t lo = std::min(n, static_cast<std::size_t>(c) * len);
+      return v.subspan(lo, std::min(n, lo + len) - lo);
+    };
+    partial_.assign(len, 0.0f);
+    send_.resize(std::max(p, status + p));
+    recv_.resize(std::max(p, (status + p) * static_cast<std::size_t>(k)));
+    hop_.resize(p);
+
+    // Reduce-scatter: after K-1 hops this rank holds the sum of chunk (me + 1) % K.
+    if (mine) add_chunk(chunk(me, x));
+    encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, 0));
+    std::uint64_t bad_from = 0;  // 1 + the rank whose payload failed, or 0
+    std::string why;
+    for (int s = 0; s < k - 1; ++s) {
+      const int src = (me - 1 + k) % k, c = (me - s - 1 + 2 * k) % k;
+      comm_->sendrecv(std::span(send_).first(p), (me + 1) % k, hop_, src);
+      std::fill(partial_.begin(), partial_.end(), 0.0f);
+      try {
+        add_payload(hop_, src, partial_);
+      } catch (const Error& e) {  // finish the protocol, then fail on every rank together
+        if (!bad_from) bad_from = 1 + static_cast<std::uint64_t>(src), why = e.what();
+        std::fill(partial_.begin(), partial_.end(), 0.0f);
+      }
+      if (mine) add_chunk(chunk(c, x));
+      if (s < k - 2) encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, s + 1));
+    }
+    // The owner's mean of its chunk, encoded once; everyone decodes the same bytes.
+    const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
+    for (float& v : partial_) v *= inv;
+    std::memcpy(send_.data(), &bad_from, status);
+    encode(codec_, partial_, std::span(send_).subspan(status, p), hop_seed(seed, k));
+    comm_->allgather(std::span(send_).first(status + p), std::span(recv_).first((status + p) * k));
+    for (int r = 0; r < k; ++r) {
+      std::uint64_t flag;
+      std::memcpy(&flag, recv_.data() + r * (status + p), status);
+      if (flag)
+        throw Error("CompressedReducer: rank " + std::to_string(r) + " rejected the payload from rank " +
+                    std::to_string(flag - 1) + (r == me ? ": " + why : std::string()));
+    }
+    std::fill(out.begin(), out.end(), 0.0f);
+    for (int r = 0; r < k; ++r) {
+      const int c = (r + 1) % k;
+      std::fill(partial_.begin(), partial_.end(), 0.0f);
+      add_payload(std::span<const std::byte>(recv_).subspan(r * (status + p) + status, p), r, partial_);
+      const auto dst = chunk(c, std::span<const float>(out));
+      std::copy_n(partial_.begin(), dst.size(), out.begin() + (dst.data() - out.data()));
+    }
+    WireCost cost = ring_allgather_cost(status + p, k);
+    for (int s = 0; s < k - 1; ++s) cost += sendrecv_cost(p, k);
+    return cost;
+  }
+
+  void add_chunk(std::span<const float> c) {
+    for (std::size_t i = 0; i < c.size(); ++i) partial_[i] += c[i];
+  }
+
+  void encode_or_zero(std::span<const float> x, std::size_t n, std::span<std::byte> dst, std::uint64_t seed) {
+    if (!x.empty() || n == 0) return encode(codec_, x, dst, seed);
+    partial_.assign(n, 0.0f);
+    encode(codec_, partial_, dst, seed);
+  }
+
+  C* comm_;
+  Codec codec_;
+  ReduceAlgorithm algorithm_;
+  std::vector<std::byte> send_, recv_, hop_;  // message workspaces
+  std::vector<float> partial_;                // (chunk) running sum, host
+};
+
+}  // namespace dilocox

@@ -1,0 +1,322 @@
+// OuterLoop on a problem with a known answer (least squares per replica, inner
+// AdamW, optimum from the normal equations), every sync mode and rebase, replicas
+// bit-identical after every round, NaN replicas dropped, mismatched replicas refused.
+#include <dilocox/diloco.hpp>
+#include <dilocox/comm/thread.hpp>
+#include <dilocox/comm/throttled.hpp>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "least_squares.hpp"
+#include "thread_ranks.hpp"
+
+namespace dx = dilocox;
+using ::testing::HasSubstr;
+
+namespace {
+
+constexpr int kDin = 128, kDout = 96;
+
+std::vector<dx::NamedTensor> tensors(LeastSquaresReplica& rep) {
+  return {{"w", {kDout, kDin}, {rep.w.data(), static_cast<std::size_t>(rep.w.size())}},
+          {"b", {kDout}, {rep.b.data(), static_cast<std::size_t>(rep.b.size())}}};
+}
+
+std::uint64_t global_hash(const dx::OuterLoop<dx::ThreadCommunicator>& loop) {
+  std::uint64_t h = 0;
+  for (std::size_t i = 0; i < loop.tensor_count(); ++i) h ^= dx::checksum64(std::as_bytes(loop.global(i))) + i;
+  return h;
+}
+
+struct RunResult {
+  std::vector<double> distance;      // per replica, after finish()
+  std::vector<dx::RoundStats> stats; // rank 0's
+  bool identical_every_round = true;
+};
+
+// K replicas, `rounds` rounds: every round, every replica's global parameters are
+// compared bit for bit through their checksum.
+RunResult run(const LeastSquares& prob, dx::OuterLoopConfig cfg, int rounds, float lr,
+              int nan_replica = -1, int nan_round = -1) {
+  RunResult res;
+  res.distance.resize(prob.k);
+  std::vector<std::vector<std::uint64_t>> hashes(prob.k);
+  std::mutex m;
+  run_ranks(prob.k, [&](dx::ThreadCommunicator& c) {
+    LeastSquaresReplica rep(prob, c.rank(), lr);
+    dx::OuterLoop loop(c, tensors(rep), cfg);
+    for (int t = 0; t < rounds; ++t) {
+      loop.begin_round();
+      for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+      if (c.rank() == nan_replica && t == nan_round) rep.w(3, 5) = NAN;  // a poisoned batch
+      const auto s = loop.end_round();
+      hashes[c.rank()].push_back(global_hash(loop));
+      if (c.rank() == 0) res.stats.push_back(s);
+    }
+    const auto last = loop.finish();
+    if (c.rank() == 0) res.stats.push_back(last);
+    hashes[c.rank()].push_back(global_hash(loop));
+    std::lock_guard lock(m);
+    res.distance[c.rank()] = prob.distance(rep.w.data(), rep.b.data());
+  });
+  for (int r = 1; r < prob.k; ++r) res.identical_every_round &= hashes[r] == hashes[0];
+  return res;
+}
+
+dx::OuterLoopConfig dilocox_config() {
+  dx::OuterLoopConfig cfg;
+  cfg.mode = dx::SyncMode::dilocox;
+  cfg.local_steps = 20;
+  cfg.overlap = true;
+  cfg.outer = {.lr = 0.7f, .momentum = 0.5f};
+  cfg.lowrank.rank = 4;
+  cfg.lowrank.adaptive_config.r_max = 16;  // AdamW's pseudo-gradients are nearly full rank: cap the growth
+  cfg.lowrank.adaptive_config.h_min = 1;
+  cfg.lowrank.adaptive_config.h_max = 20;  // keep H fixed: timing-driven H would make the test vary
+  return cfg;
+}
+
+}  // namespace
+
+// Plain averaging: fp32 means, no overlap, outer lr 1 without momentum (FedAvg).
+// DiLoCoX: low rank from 4 + int4 factors + adaptive rank, one-step-delay overlap,
+// Nesterov outer step (lr 0.7, momentum 0.5: at 0.9 the delayed low-rank step
+// diverges on this problem). Two variants, both measured:
+//  - error feedback on, rank free to grow to 64: AdamW's pseudo-gradients are nearly
+//    full rank, the sketch misses energy, and the controller raises the rank;
+//  - error feedback off, rank capped at 16: converges at > 8x compression (with error
+//    feedback on and the cap at 16 it stalls near 0.2: stale residual crowds out the
+//    fresh signal; see docs/RESULTS.md).
+// Tolerance: 6% relative distance to the optimum of the mean objective. The floor is
+// local AdamW on heterogeneous replicas (plain averaging itself ends near 5%).
+TEST(OuterLoop, ReachesTheGlobalOptimumWithDiLoCoXAsPlainAveragingDoes) {
+  const LeastSquares prob(3, kDin, kDout, 512, 0.1f, 1);
+  dx::OuterLoopConfig plain;
+  plain.mode = dx::SyncMode::dense;
+  plain.overlap = false;
+  plain.local_steps = 20;
+  plain.outer = {.lr = 1.0f, .momentum = 0.0f};
+  auto with_ef = dilocox_config();
+  with_ef.lowrank.adaptive_config.r_max = 64;
+  auto capped = dilocox_config();
+  capped.lowrank.error_feedback = false;
+  const auto a = run(prob, plain, 100, 0.003f);
+  const auto b = run(prob, with_ef, 100, 0.003f);
+  const auto c = run(prob, capped, 100, 0.003f);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_LT(a.distance[r], 0.06) << "plain averaging, replica " << r;
+    EXPECT_LT(b.distance[r], 0.06) << "dilocox with error feedback, replica " << r;
+    EXPECT_LT(c.distance[r], 0.06) << "dilocox rank <= 16 without error feedback, replica " << r;
+  }
+  EXPECT_TRUE(a.identical_every_round);
+  EXPECT_TRUE(b.identical_every_round);
+  EXPECT_TRUE(c.identical_every_round);
+  const auto last = [](const RunResult& r) {
+    dx::RoundStats s;
+    for (const auto& x : r.stats)
+      if (x.applied) s = x;
+    return s;
+  };
+  EXPECT_LE(last(c).rank, 16);
+  EXPECT_GT(last(c).compression_ratio, 8.0);
+  std::printf("distance to the optimum: plain averaging %.4f; dilocox + EF %.4f (rank %.0f, %.1fx); "
+              "dilocox rank <= 16 %.4f (rank %.0f, %.1fx)\n",
+              a.distance[0], b.distance[0], last(b).rank, last(b).compression_ratio, c.distance[0], last(c).rank,
+              last(c).compression_ratio);
+}
+
+struct ModeCase {
+  const char* name;
+  dx::OuterLoopConfig cfg;
+  double bound = 0.5;  // relative distance after 40 rounds, from 1.0
+  friend void PrintTo(const ModeCase& c, std::ostream* os) { *os << c.name; }
+};
+
+class OuterLoopModes : public ::testing::TestWithParam<ModeCase> {};
+
+TEST_P(OuterLoopModes, ConvergeAndStayBitIdentical) {
+  const LeastSquares prob(2, kDin, kDout, 256, 0.05f, 2);
+  const auto r = run(prob, GetParam().cfg, 40, 0.003f);
+  EXPECT_TRUE(r.identical_every_round);
+  for (double d : r.distance) EXPECT_LT(d, GetParam().bound) << GetParam().name;
+  std::size_t applied = 0;
+  for (const auto& s : r.stats) {
+    if (!s.applied) continue;
+    ++applied;
+    EXPECT_GT(s.wire_bytes, 0u);
+    EXPECT_EQ(s.contributors, 2);
+    EXPECT_GE(s.comm_seconds, s.hidden_seconds);
+  }
+  EXPECT_EQ(applied, 40u);  // every round's reduction is applied exactly once
+}
+
+namespace {
+dx::OuterLoopConfig with(dx::OuterLoopConfig c, auto&& f) {
+  f(c);
+  return c;
+}
+const dx::OuterLoopConfig base = with(dx::OuterLoopConfig{}, [](auto& c) {
+  c.local_steps = 10;
+  c.outer = {.lr = 0.7f, .momentum = 0.5f};
+  c.lowrank.rank = 4;
+  c.lowrank.adaptive_config.h_min = 1;
+  c.lowrank.adaptive_config.h_max = 10;
+});
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, OuterLoopModes,
+    ::testing::Values(
+        ModeCase{"dense_fp32", with(base, [](auto& c) { c.mode = dx::SyncMode::dense; })},
+        ModeCase{"dense_fp16_ring", with(base, [](auto& c) {
+                   c.mode = dx::SyncMode::dense;
+                   c.dense_codec = {dx::Encoding::f16, {}};
+                   c.algorithm = dx::ReduceAlgorithm::ring;
+                 })},
+        ModeCase{"dense_int8_no_overlap", with(base, [](auto& c) {
+                   c.mode = dx::SyncMode::dense;
+                   c.dense_codec = {dx::Encoding::quantized, {.bits = 8, .block = 64}};
+                   c.overlap = false;
+                 })},
+        // CocktailSGD sends 2.5% of the entries per round (25% random x 10% top-k): slower.
+        ModeCase{"cocktail", with(base, [](auto& c) { c.mode = dx::SyncMode::cocktail; }), 0.8},
+        ModeCase{"dilocox_keep", with(base, [](auto& c) { c.mode = dx::SyncMode::dilocox; })},
+        ModeCase{"dilocox_overwrite", with(base, [](auto& c) {
+                   c.mode = dx::SyncMode::dilocox;
+                   c.rebase = dx::Rebase::overwrite;
+                 })},
+        ModeCase{"dilocox_blend_ring", with(base, [](auto& c) {
+                   c.mode = dx::SyncMode::dilocox;
+                   c.rebase = dx::Rebase::blend;
+                   c.blend = 0.5f;
+                   c.algorithm = dx::ReduceAlgorithm::ring;
+                 })},
+        ModeCase{"dilocox_fixed_rank_no_overlap", with(base, [](auto& c) {
+                   c.mode = dx::SyncMode::dilocox;
+                   c.overlap = false;
+                   c.lowrank.adaptive = false;
+                 })}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(OuterLoop, NaNReplicaIsDroppedReportedAndRecovers) {
+  const LeastSquares prob(3, kDin, kDout, 256, 0.05f, 3);
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap);
+    std::vector<std::vector<std::string>> logs(3);
+    std::vector<std::vector<dx::DroppedReplica>> dropped(3);
+    std::vector<double> dist(3);
+    run_ranks(3, [&](dx::ThreadCommunicator& c) {
+      LeastSquaresReplica rep(prob, c.rank(), 0.003f);
+      auto cfg = dilocox_config();
+      cfg.overlap = overlap;
+      cfg.log = [&, r = c.rank()](const std::string& msg) { logs[r].push_back(msg); };
+      dx::OuterLoop loop(c, tensors(rep), cfg);
+      for (int t = 0; t < 12; ++t) {
+        loop.begin_round();
+        for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+        if (c.rank() == 1 && t == 4) rep.w(3, 5) = NAN;
+        const auto s = loop.end_round();
+        for (const auto& d : s.dropped) dropped[c.rank()].push_back(d);
+        for (std::size_t i = 0; i < loop.tensor_count(); ++i)
+          for (float v : loop.global(i)) ASSERT_TRUE(std::isfinite(v)) << "round " << t;
+      }
+      loop.finish();
+      dist[c.rank()] = prob.distance(rep.w.data(), rep.b.data());
+      if (rep.w.hasNaN()) dist[c.rank()] = NAN;
+    });
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_EQ(dropped[r].size(), 1u) << "rank " << r;
+      EXPECT_EQ(dropped[r][0].replica, 1);
+      EXPECT_EQ(dropped[r][0].tensor, "w");
+      ASSERT_EQ(logs[r].size(), 1u);
+      EXPECT_THAT(logs[r][0], HasSubstr("replica 1 dropped, tensor 'w'"));
+      EXPECT_TRUE(std::isfinite(dist[r])) << "replica " << r << " did not recover";
+      EXPECT_LT(dist[r], 0.8);
+    }
+  }
+}
+
+TEST(OuterLoop, MismatchedReplicasGetAnErrorNamingTheTensorOnEveryRank) {
+  struct Case {
+    const char* what;
+    std::function<std::vector<dx::NamedTensor>(int, std::vector<float>&)> params;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {"name",
+       [](int r, std::vector<float>& buf) {
+         return std::vector<dx::NamedTensor>{{"a", {4, 4}, {buf.data(), 16}},
+                                             {r == 2 ? "bias" : "b", {4}, {buf.data() + 16, 4}}};
+       },
+       "tensor 1 'b"},
+      {"shape",
+       [](int r, std::vector<float>& buf) {
+         return std::vector<dx::NamedTensor>{{"a", r == 0 ? dx::Shape{2, 8} : dx::Shape{4, 4}, {buf.data(), 16}}};
+       },
+       "tensor 0 'a'"},
+      {"count",
+       [](int r, std::vector<float>& buf) {
+         std::vector<dx::NamedTensor> p{{"a", {4, 4}, {buf.data(), 16}}};
+         if (r == 1) p.push_back({"b", {4}, {buf.data() + 16, 4}});
+         return p;
+       },
+       "number of tensors"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<std::string> err(3);
+    run_ranks(3, [&](dx::ThreadCommunicator& comm) {
+      std::vector<float> buf(20, 1.0f);
+      try {
+        dx::OuterLoop loop(comm, c.params(comm.rank(), buf), dx::OuterLoopConfig{});
+      } catch (const dx::Error& e) {
+        err[comm.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < 3; ++r) EXPECT_THAT(err[r], HasSubstr(c.expect)) << "rank " << r;
+  }
+  std::vector<std::string> err(2);
+  run_ranks(2, [&](dx::ThreadCommunicator& comm) {
+    std::vector<float> buf(16, 1.0f);
+    dx::OuterLoopConfig cfg;
+    cfg.lowrank.rank = comm.rank() == 0 ? 4 : 8;
+    try {
+      dx::OuterLoop loop(comm, {{"a", {4, 4}, {buf.data(), 16}}}, cfg);
+    } catch (const dx::Error& e) {
+      err[comm.rank()] = e.what();
+    }
+  });
+  for (const auto& e : err) EXPECT_THAT(e, HasSubstr("configuration"));
+}
+
+TEST(OuterLoop, OverlapHidesTheLinkBehindCompute) {
+  // 2 replicas over an emulated link: each reduction takes >= 40 ms (two 20 ms hops);
+  // each round computes for 80 ms. With overlap the trainer should barely wait.
+  const LeastSquares prob(2, kDin, kDout, 64, 0.05f, 4);
+  std::vector<double> hidden(2), comm_s(2);
+  run_ranks(2, [&](dx::ThreadCommunicator& c) {
+    dx::ThrottledLink link(c, {.bits_per_second = 1e9, .latency_seconds = 0.02});
+    LeastSquaresReplica rep(prob, c.rank(), 0.003f);
+    auto cfg = dilocox_config();
+    cfg.lowrank.adaptive = false;
+    dx::OuterLoop loop(link, tensors(rep), cfg);
+    for (int t = 0; t < 6; ++t) {
+      loop.begin_round();
+      for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(80));  // the rest of a real step's compute
+      const auto s = loop.end_round();
+      if (s.applied && t > 1) hidden[c.rank()] += s.hidden_seconds, comm_s[c.rank()] += s.comm_seconds;
+    }
+    loop.finish();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(comm_s[r], 4 * 0.04);
+    EXPECT_GT(hidden[r] / comm_s[r], 0.8) << "replica " << r;
+  }
+}
