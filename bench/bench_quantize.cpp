@@ -53,10 +53,10 @@ void run(benchmark::State& state, std::size_t n, double memcpy_gbps, std::size_t
   state.counters["compression_ratio"] = bytes / static_cast<double>(encoded);
 }
 
-template <int Bits>
+template <int Bits, dx::Rounding R = dx::Rounding::nearest>
 void BM_Quantize(benchmark::State& state) {
   const std::size_t n = static_cast<std::size_t>(state.range(0)) / 4;
-  const dx::QuantConfig c{.bits = Bits, .block = 128};
+  const dx::QuantConfig c{.bits = Bits, .block = 128, .rounding = R, .seed = 3};
   const auto x = make_input(n);
   std::vector<std::byte> enc(dx::encoded_size(n, c));
   std::vector<float> copy(n);
@@ -82,19 +82,6 @@ void BM_Dequantize(benchmark::State& state) {
   });
 }
 
-void BM_StochasticInt4Quantize(benchmark::State& state) {
-  const std::size_t n = static_cast<std::size_t>(state.range(0)) / 4;
-  const dx::QuantConfig c{.bits = 4, .block = 128, .rounding = dx::Rounding::stochastic, .seed = 3};
-  const auto x = make_input(n);
-  std::vector<std::byte> enc(dx::encoded_size(n, c));
-  std::vector<float> copy(n);
-  const double floor = memcpy_rate(x.data(), copy.data(), n * 4);
-  run(state, n, floor, enc.size(), [&] {
-    dx::quantize(x, enc, c);
-    benchmark::DoNotOptimize(enc.data());
-  });
-}
-
 void sizes(benchmark::internal::Benchmark* b) {
   for (std::int64_t bytes = 4 << 10; bytes <= (std::int64_t{256} << 20); bytes *= 16) b->Arg(bytes);
   b->Arg(std::int64_t{64} << 20);
@@ -107,6 +94,6 @@ BENCHMARK(BM_Quantize<8>)->Name("BM_Int8Quantize")->Apply(sizes);
 BENCHMARK(BM_Dequantize<8>)->Name("BM_Int8Dequantize")->Apply(sizes);
 BENCHMARK(BM_Quantize<4>)->Name("BM_Int4Quantize")->Apply(sizes);
 BENCHMARK(BM_Dequantize<4>)->Name("BM_Int4Dequantize")->Apply(sizes);
-BENCHMARK(BM_StochasticInt4Quantize)->Apply(sizes);
+BENCHMARK(BM_Quantize<4, dx::Rounding::stochastic>)->Name("BM_StochasticInt4Quantize")->Apply(sizes);
 
 BENCHMARK_MAIN();

@@ -3,7 +3,7 @@
 // orthonormalize, Q = X^T P, X_hat = P Q^T: what powerSGD_hook computes on one rank)
 // and prints one JSON line: relative error after the last call and the median time
 // of the calls after the first.
-//   powersgd_ours FILE ROWS COLS RANK ITERS
+//   powersgd_ours FILE ROWS COLS RANK ITERS [SEED]
 #include <dilocox/lowrank.hpp>
 
 #include <algorithm>
@@ -17,12 +17,13 @@ namespace dx = dilocox;
 using RowM = dx::PowerIterationProjector::RowMatrix;
 
 int main(int argc, char** argv) {
-  if (argc != 6) {
-    std::fprintf(stderr, "usage: powersgd_ours FILE ROWS COLS RANK ITERS\n");
+  if (argc != 6 && argc != 7) {
+    std::fprintf(stderr, "usage: powersgd_ours FILE ROWS COLS RANK ITERS [SEED]\n");
     return 2;
   }
   const long m = std::atol(argv[2]), n = std::atol(argv[3]);
   const int r = std::atoi(argv[4]), iters = std::atoi(argv[5]);
+  const std::uint64_t seed = argc == 7 ? std::strtoull(argv[6], nullptr, 10) : 0;
   if (m <= 0 || n <= 0 || r <= 0 || iters < 2) {
     std::fprintf(stderr, "powersgd_ours: ROWS, COLS, RANK must be > 0 and ITERS >= 2\n");
     return 2;
@@ -34,7 +35,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   try {
-    dx::PowerIterationProjector proj(static_cast<std::size_t>(m), static_cast<std::size_t>(n), {.rank = r});
+    dx::PowerIterationProjector proj(static_cast<std::size_t>(m), static_cast<std::size_t>(n), {.rank = r, .seed = seed});
     std::vector<double> seconds;
     for (int i = 0; i < iters; ++i) {
       const auto t0 = std::chrono::steady_clock::now();

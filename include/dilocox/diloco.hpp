@@ -7,6 +7,9 @@
 // reduce in the background; with overlap, apply the *previous* round's mean with the
 // Nesterov outer step and rebase phi (keep local progress, overwrite or blend);
 // without, wait for this round's mean and set phi to the global parameters.
+// The communicator belongs to the loop from construction to finish(): its reductions
+// run on a background thread, so the trainer must not issue collectives on it meanwhile
+// (use another communicator, e.g. a duplicate, for anything else).
 // Not here: the inner optimizer and the model (the trainer's), any printing (events go
 // to the optional log callback).
 #pragma once

@@ -114,7 +114,7 @@ class ThreadCommunicator : public AsyncCollectives<ThreadCommunicator> {
     detail::require(dest >= 0 && dest < size() && src >= 0 && src < size(), "ThreadCommunicator::sendrecv",
                     "peer outside the group");
     post(send.data(), send.size(), dest, "sendrecv");
-    const auto& from = group_->slots_[src];
+    const ThreadGroup::Slot from = group_->slots_[src];  // a copy: the slot is reused after the barrier
     const bool ok = from.peer == rank_ && from.bytes == recv.size();
     if (ok && recv.size()) std::memcpy(recv.data(), from.send, recv.size());
     group_->arrive_and_wait(rank_, "sendrecv");
