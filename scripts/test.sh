@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what is missing, then builds and runs:
-#   1. the Release build's tests (unit, packaging, examples),
+#   1. the Release build (with the CUDA compile check for sm_90 when nvcc exists) and
+#      its tests (unit, threads, MPI, packaging, examples),
 #   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the threaded tests (communicators, reducers, OuterLoop) under ThreadSanitizer,
 #   4. the libFuzzer wire-decoder target for 60 s, when clang is present.
@@ -21,14 +22,14 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 
 stage "ASan + UBSan build and unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=address,undefined -DDILOCOX_NATIVE=OFF \
-  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF >/dev/null
+  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan -j "$jobs" -L "unit|threads" --output-on-failure
 
 stage "TSan build and threaded tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=thread -DDILOCOX_NATIVE=OFF \
-  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF >/dev/null
+  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF >/dev/null
 cmake --build build-tsan -j "$jobs" --target test_comm test_reduce test_diloco
 # The known-answer convergence test runs 300 rounds of Eigen GEMMs (minutes under TSan);
 # its threading is the same as the mode tests', which do run here.
@@ -39,7 +40,7 @@ if command -v clang++ >/dev/null 2>&1; then
   stage "libFuzzer: wire decoder, ${DILOCOX_FUZZ_SECONDS:-60} s"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DDILOCOX_BUILD_TESTS=OFF -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF \
-    -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
+    -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
   cmake --build build-fuzz -j "$jobs"
   ctest --test-dir build-fuzz -L fuzz --output-on-failure
 else

@@ -122,7 +122,10 @@ class DenseCompressor final : public PseudoGradientCompressor<C> {
     layout_ = detail::FlatLayout(lengths, detail::codec_align(codec));
     flat_.assign(layout_.total, 0.0f);
     mean_.assign(layout_.total, 0.0f);
-    if (ef_on_) ef_ = detail::make_residuals(specs_), sent_.assign(layout_.total, 0.0f);
+    if (ef_on_) {
+      ef_ = detail::make_residuals(specs_);
+      sent_.assign(layout_.total, 0.0f);
+    }
   }
   std::string describe() const override {
     return "dense " + to_string(codec_) + (ef_on_ ? " + error feedback" : "") + ", " + to_string(reducer_.algorithm());

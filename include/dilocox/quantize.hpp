@@ -131,7 +131,7 @@ struct BlockRatio {
 };
 
 DILOCOX_HOST_DEVICE inline BlockRatio block_ratio(float scale) {
-  const bool divide = scale != 0.0f && scale < std::numeric_limits<float>::min();
+  const bool divide = scale != 0.0f && scale < 0x1p-126f;  // below the smallest normal float
   return {divide || scale == 0.0f ? 0.0f : 1.0f / scale, scale, divide};
 }
 

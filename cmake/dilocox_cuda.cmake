@@ -1,0 +1,25 @@
+# DILOCOX_WITH_CUDA: finds nvcc (on PATH, CUDACXX, or /usr/local/cuda) and enables the
+# CUDA language for our own CUDA targets, built for CMAKE_CUDA_ARCHITECTURES (default
+# 90, Hopper). Sets DILOCOX_CUDA. Without a GPU the targets still compile: that is the
+# check that host/device code stays valid for nvcc.
+if(DILOCOX_WITH_CUDA STREQUAL "OFF" OR NOT DILOCOX_WITH_CUDA)
+  set(DILOCOX_CUDA OFF)
+else()
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    set(DILOCOX_CUDA ON)
+  elseif(DILOCOX_WITH_CUDA STREQUAL "AUTO")
+    set(DILOCOX_CUDA OFF)
+  else()
+    message(FATAL_ERROR "DILOCOX_WITH_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+message(STATUS "dilocox: CUDA targets ${DILOCOX_CUDA}")
