@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dilocox needs to build, test and benchmark.
-# Skips everything already installed; runs apt-get update at most once.
-# Does not install CUDA (the toolkit is optional; CMake detects it).
+# Installs the Debian packages dilocox needs, skipping those already installed
+# (apt-get update runs only when something is missing).
+#   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen,
+#                                    GoogleTest, Google Benchmark, Open MPI, clang (fuzzing)
+#   scripts/install_deps.sh --bench  also what the side-by-side benchmarks use:
+#                                    PyTorch and numpy (Debian's), gnuplot
+#   scripts/install_deps.sh --print  lists the packages and exits
+# Does not install CUDA (optional; CMake detects nvcc).
 set -euo pipefail
 
 packages=(
@@ -9,12 +14,15 @@ packages=(
   libeigen3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
-  python3-torch python3-numpy
-  gnuplot-nox
 )
-# npm may come with a nodejs from elsewhere; ask Debian for it only when absent.
-command -v npm >/dev/null 2>&1 || packages+=(npm)
-if [[ "${1:-}" == "--print" ]]; then printf '%s\n' "${packages[@]}"; exit 0; fi
+bench_packages=(python3-torch python3-numpy gnuplot-nox)
+
+case "${1:-}" in
+  "") ;;
+  --bench) packages+=("${bench_packages[@]}") ;;
+  --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}"; exit 0 ;;
+  *) echo "install_deps: unknown option '$1' (use --bench or --print)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
