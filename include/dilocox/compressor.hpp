@@ -388,7 +388,7 @@ class LowRankCompressor final : public PseudoGradientCompressor<C> {
         if (config_.error_feedback) ef_[t].update(x[t], small_layout_.part(small_sent_, j));
       }
     }
-    for (auto c : in.contributes) r.contributors += c ? 1 : 0;
+    r.contributors = count_contributors(in.contributes);
     return r;
   }
 

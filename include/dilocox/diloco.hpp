@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "dilocox/config.hpp"
 #include "dilocox/outer.hpp"
 #include "dilocox/overlap.hpp"
+#include "dilocox/quantize.hpp"
 #include "dilocox/reduce.hpp"
 
 namespace dilocox {
@@ -125,6 +127,8 @@ class OuterLoop {
         slot.mean.emplace_back(p.data.size(), 0.0f);
       }
     }
+    if (config_.mode == SyncMode::dilocox && config_.lowrank.adaptive)
+      h_rule_.emplace(config_.lowrank.adaptive_config, config_.lowrank.rank);
     local_steps_ = config_.local_steps;
     round_start_ = std::chrono::steady_clock::now();
   }
@@ -199,15 +203,8 @@ class OuterLoop {
     double max_step_seconds = 0;
   };
 
-  static bool all_finite(std::span<const float> v) {
-    std::uint32_t m = 0;
-    for (float f : v) {
-      std::uint32_t b;
-      std::memcpy(&b, &f, 4);
-      b &= 0x7fffffffU;
-      m = b > m ? b : m;
-    }
-    return m < 0x7f800000U;
+  static bool all_finite(std::span<const float> v) {  // the quantizer's NaN/Inf scan
+    return detail::absmax_bits(v.data(), v.size()) < 0x7f800000U;
   }
 
   // Runs on the background thread: status exchange, then the compressed reduction.
@@ -294,11 +291,10 @@ class OuterLoop {
     self_dropped_ = slot.self_bad >= 0;
     // H for the next rounds, from what every replica saw identically.
     if (config_.mode == SyncMode::dilocox && config_.lowrank.adaptive) {
-      const AdaptiveRankController ctl(config_.lowrank.adaptive_config, config_.lowrank.rank);
       const int floor = slot.max_step_seconds > 0
                             ? static_cast<int>(std::ceil(timing.ran_seconds / slot.max_step_seconds))
                             : 0;
-      local_steps_ = ctl.local_steps_for(config_.lowrank.rank * slot.report.next_rank_ratio, floor);
+      local_steps_ = h_rule_->local_steps_for(config_.lowrank.rank * slot.report.next_rank_ratio, floor);
     }
     return s;
   }
@@ -360,6 +356,7 @@ class OuterLoop {
   std::unique_ptr<PseudoGradientCompressor<C>> compressor_;
   std::vector<std::vector<float>> theta_, anchor_;  // (tensors) global parameters, round anchors
   std::vector<NesterovOuterOptimizer> outer_;
+  std::optional<AdaptiveRankController> h_rule_;  // H from the rank (dilocox with adaptive rank)
   Slot slots_[2];
   BackgroundReductions background_;
   std::uint64_t round_ = 0;

@@ -30,6 +30,13 @@ enum class ReduceAlgorithm : std::uint8_t { allgather, ring };
 
 inline const char* to_string(ReduceAlgorithm a) { return a == ReduceAlgorithm::ring ? "ring" : "allgather"; }
 
+// How many ranks a contributes mask includes.
+inline int count_contributors(std::span<const std::uint8_t> contributes) {
+  int n = 0;
+  for (auto c : contributes) n += c ? 1 : 0;
+  return n;
+}
+
 struct ReduceResult {
   WireCost cost;         // what this rank put on the wire, and the hops it waited for
   int contributors = 0;  // ranks averaged
@@ -56,8 +63,8 @@ class CompressedReducer {
                         " ranks");
     detail::require(x.size() == out.size(), "CompressedReducer::mean", "input and output sizes differ");
     ReduceResult r;
-    for (auto c : contributes) r.contributors += c ? 1 : 0;
-    r.cost = algorithm_ == ReduceAlgorithm::ring && k > 1 ? ring(x, contributes, out, seed)
+    r.contributors = count_contributors(contributes);
+    r.cost = algorithm_ == ReduceAlgorithm::ring && k > 1 ? ring(x, contributes, r.contributors, out, seed)
                                                           : gather(x, contributes, out, seed);
     const float inv = r.contributors > 0 ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
     if (algorithm_ == ReduceAlgorithm::allgather || k == 1)
@@ -96,12 +103,10 @@ class CompressedReducer {
     return ring_allgather_cost(p, k);
   }
 
-  WireCost ring(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
+  WireCost ring(std::span<const float> x, std::span<const std::uint8_t> contributes, int count, std::span<float> out,
                 std::uint64_t seed) {
     const int k = comm_->size(), me = comm_->rank();
     const bool mine = contributes[me] != 0;
-    int count = 0;
-    for (auto c : contributes) count += c ? 1 : 0;
     const std::size_t n = x.size();
     const std::size_t align = codec_.encoding == Encoding::quantized ? codec_.quant.block : 1;
     const std::size_t per = (n + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
