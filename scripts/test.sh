@@ -18,14 +18,14 @@ stage() { echo; echo "=== $* ==="; }
 stage "Release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
-ctest --test-dir build -j "$jobs" --output-on-failure
+ctest --no-tests=error --test-dir build -j "$jobs" --output-on-failure
 
 stage "ASan + UBSan build and unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=address,undefined -DDILOCOX_NATIVE=OFF \
   -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan -j "$jobs" -L "unit|threads" --output-on-failure
+  ctest --no-tests=error --test-dir build-asan -j "$jobs" -L "unit|threads" --output-on-failure
 
 stage "TSan build and threaded tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=thread -DDILOCOX_NATIVE=OFF \
@@ -42,7 +42,7 @@ if command -v clang++ >/dev/null 2>&1; then
     -DDILOCOX_BUILD_TESTS=OFF -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF \
     -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
   cmake --build build-fuzz -j "$jobs"
-  ctest --test-dir build-fuzz -L fuzz --output-on-failure
+  ctest --no-tests=error --test-dir build-fuzz -L fuzz --output-on-failure
 else
   stage "libFuzzer skipped: clang++ not found"
 fi
