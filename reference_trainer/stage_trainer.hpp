@@ -1,0 +1,157 @@
+// reference_trainer/stage_trainer.hpp: what one rank does per training step: run its
+// pipeline stage's share of the schedule over M micro-batches (receiving and sending
+// activations and their gradients), sum the tied embedding's gradient, agree with the
+// other stages on the loss and the global gradient norm, clip, and take an AdamW step.
+// Also evaluation (forward only) and the rank's part of a checkpoint.
+#pragma once
+
+#include "checkpoint.hpp"
+#include "data/batch_sampler.hpp"
+#include "model/adamw.hpp"
+#include "model/gpt_stage.hpp"
+#include "pipeline/schedule.hpp"
+#include "pipeline/stage_link.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace dilocox::trainer {
+
+struct TrainShape {
+  GptConfig model;
+  int stages = 1;
+  int batch = 16;          // sequences per optimizer step (per replica)
+  int micro_batches = 1;   // batch / micro_batches sequences each
+  int seq_len = 128;
+  Schedule schedule = Schedule::one_f_one_b;
+  int micro_batch() const { return batch / micro_batches; }
+  std::int64_t tokens_per_step() const { return std::int64_t{batch} * seq_len; }
+};
+
+struct StepStats {
+  double loss = 0;       // mean over the step's tokens
+  double grad_norm = 0;  // before clipping
+  float lr = 0;
+  bool skipped = false;  // a NaN/Inf gradient: no update
+};
+
+class StageTrainer {
+ public:
+  StageTrainer(const TrainShape& shape, const AdamWConfig& opt, StageLink& link, std::uint64_t seed)
+      : shape_(shape),
+        opt_config_(opt),
+        link_(link),
+        ops_(pipeline_schedule(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
+        model_(shape.model, shape.stages, link.stage(), shape.micro_batch(), shape.seq_len,
+               pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
+        adam_(model_.params().size()) {
+    model_.init(seed);
+    const auto n = static_cast<std::size_t>(shape.batch) * static_cast<std::size_t>(shape.seq_len);
+    inputs_.resize(n);
+    targets_.resize(n);
+    stats_.resize(static_cast<std::size_t>(2 + 12 * shape.model.n_layer + 2) + 1);
+  }
+
+  GptStage<float>& model() { return model_; }
+  AdamW& optimizer() { return adam_; }
+  std::int64_t updates() const { return updates_; }
+
+  // One optimizer step on sequences [step * batch, (step + 1) * batch) of the sampler.
+  StepStats train_step(std::int64_t step, std::int64_t total_steps, const BatchSampler& sampler) {
+    const std::size_t B = static_cast<std::size_t>(shape_.micro_batch()), T = static_cast<std::size_t>(shape_.seq_len);
+    sampler.fill(static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(shape_.batch),
+                 static_cast<std::size_t>(shape_.batch), inputs_, targets_);
+    model_.zero_grads();
+    const float scale = 1.0f / static_cast<float>(shape_.tokens_per_step());
+    double loss_sum = 0;
+    for (const auto& op : ops_) {
+      const int slot = op.micro % model_.slots();
+      if (op.kind == PipeOp::forward) {
+        if (!model_.first()) link_.recv_forward(model_.input(slot), op.micro);
+        const std::size_t off = static_cast<std::size_t>(op.micro) * B * T;
+        loss_sum += model_.forward(slot, inputs_.data() + off, targets_.data() + off);
+        if (!model_.last()) link_.send_forward(model_.output(slot), op.micro);
+      } else {
+        if (!model_.last()) link_.recv_backward(model_.grad_output(), op.micro);
+        model_.backward(slot, scale);
+        if (!model_.first()) link_.send_backward(model_.grad_input(), op.micro);
+      }
+    }
+    link_.wait_sends();
+    model_.finish_backward();
+    if (const auto* wte = model_.tied_embedding()) link_.sum_tied(model_.grad(*wte));
+
+    // Squared norm per global tensor (the tied embedding once, on the first stage), the
+    // loss, summed over stages; each entry has one contributor, so every stage layout
+    // adds the same numbers in the same order.
+    std::fill(stats_.begin(), stats_.end(), 0.0);
+    for (const auto& t : model_.tensors()) {
+      if (t.name == "wte" && !model_.first()) continue;
+      double s = 0;
+      for (float g : model_.grad(t)) s += static_cast<double>(g) * g;
+      stats_[static_cast<std::size_t>(t.global_id)] = s;
+    }
+    stats_[stats_.size() - 1] = loss_sum;
+    link_.allreduce_sum(stats_);
+    double sq = 0;
+    for (std::size_t i = 0; i + 1 < stats_.size(); ++i) sq += stats_[i];
+
+    StepStats out;
+    out.loss = stats_.back() / static_cast<double>(shape_.tokens_per_step());
+    out.grad_norm = std::sqrt(sq);
+    out.lr = learning_rate(opt_config_, step, total_steps);
+    out.skipped = !std::isfinite(out.grad_norm) || !std::isfinite(out.loss);
+    if (!out.skipped) adam_.step(model_, opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
+    return out;
+  }
+
+  // Mean loss over `sequences` evaluation windows (rounded down to whole micro-batches).
+  double evaluate(const BatchSampler& val, std::size_t sequences) {
+    const std::size_t B = static_cast<std::size_t>(shape_.micro_batch()), T = static_cast<std::size_t>(shape_.seq_len);
+    const std::size_t micro = std::max<std::size_t>(1, sequences / B);
+    eval_inputs_.resize(B * T);
+    eval_targets_.resize(B * T);
+    double loss_sum = 0;
+    for (std::size_t m = 0; m < micro; ++m) {
+      val.fill_eval(m * B, B, eval_inputs_, eval_targets_);
+      if (!model_.first()) link_.recv_forward(model_.input(0), static_cast<int>(m));
+      loss_sum += model_.forward(0, eval_inputs_.data(), eval_targets_.data());
+      if (!model_.last()) link_.send_forward(model_.output(0), static_cast<int>(m));
+    }
+    link_.wait_sends();
+    double v[1] = {loss_sum};
+    link_.allreduce_sum(v);
+    return v[0] / static_cast<double>(micro * B * T);
+  }
+
+  void save(Checkpoint& c) const {
+    c.put("params", std::span<const float>(model_.params()));
+    c.put("adamw.m", std::span<const float>(adam_.m()));
+    c.put("adamw.v", std::span<const float>(adam_.v()));
+    const std::int64_t u[1] = {updates_};
+    c.put("adamw.updates", std::span<const std::int64_t>(u));
+  }
+  void load(const Checkpoint& c) {
+    c.get("params", model_.params());
+    c.get("adamw.m", adam_.m());
+    c.get("adamw.v", adam_.v());
+    std::int64_t u[1] = {0};
+    c.get("adamw.updates", std::span<std::int64_t>(u));
+    updates_ = u[0];
+  }
+
+ private:
+  TrainShape shape_;
+  AdamWConfig opt_config_;
+  StageLink& link_;
+  std::vector<PipeOp> ops_;
+  GptStage<float> model_;
+  AdamW adam_;
+  std::int64_t updates_ = 0;
+  std::vector<std::int32_t> inputs_, targets_;            // (batch, T): the step's sequences
+  std::vector<std::int32_t> eval_inputs_, eval_targets_;  // (micro-batch, T)
+  std::vector<double> stats_;  // squared gradient norm per global tensor, then the loss sum
+};
+
+}  // namespace dilocox::trainer

@@ -1,0 +1,105 @@
+// reference_trainer/train_options.hpp: the command line of dilocox-train (CLI11) and
+// its checks. parse_train_options returns the options, or an exit code: 0 after
+// --help, 2 after a bad flag (with a one-line message on stderr).
+#pragma once
+
+#include "model/adamw.hpp"
+#include "model/gpt_config.hpp"
+#include "pipeline/schedule.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <variant>
+
+namespace dilocox::trainer {
+
+struct TrainOptions {
+  std::string model = "small";
+  int layers = 0, embd = 0, heads = 0, vocab = 0;  // 0: the preset's (vocab: the preset's, at least the data's)
+  int stages = 1;
+  std::int64_t tokens = 2'000'000;  // training budget; steps = ceil(tokens / (batch x seq_len))
+  int batch = 16;
+  int micro_batches = 0;            // 0: 1 on one stage, 2 x stages otherwise
+  int seq_len = 0;                  // 0: the model's context
+  std::string schedule = "1f1b";
+  AdamWConfig adamw;
+  std::uint64_t seed = 1;
+  std::string data_dir = "data/brown";
+  std::string metrics;
+  std::string checkpoint_dir;
+  int checkpoint_every = 0;         // 0: only at the end and on SIGINT/SIGTERM
+  bool resume = false;
+  std::int64_t stop_after = 0;      // 0: run to the end of the budget; N: stop (and checkpoint) after N steps
+  int eval_every = 50;
+  int eval_sequences = 128;
+  bool quiet = false;
+};
+
+// Returns the options, or the exit code when the program should stop now.
+inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv) {
+  TrainOptions o;
+  CLI::App app{"dilocox-train: the dilocox reference GPT trainer (CPU, Eigen; MPI pipeline stages)"};
+  app.add_option("--model", o.model, "preset: tiny, small, medium (opt-1.3b, qwen1.5-107b: shapes for planning)")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "override the preset's number of layers")->check(CLI::Range(1, 4096));
+  app.add_option("--embd", o.embd, "override the preset's width")->check(CLI::Range(1, 1 << 16));
+  app.add_option("--heads", o.heads, "override the preset's attention heads")->check(CLI::Range(1, 4096));
+  app.add_option("--vocab", o.vocab, "model vocabulary (default: the preset's; at least the data's)")
+      ->check(CLI::Range(2, 65536));
+  app.add_option("--stages", o.stages, "pipeline stages, one MPI rank each (S > 1: run under mpirun -np S)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--tokens", o.tokens, "training budget in tokens")->capture_default_str()
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
+  app.add_option("--batch", o.batch, "sequences per optimizer step")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--micro-batches", o.micro_batches, "micro-batches per step (default 1, or 2 x stages)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--seq-len", o.seq_len, "tokens per sequence (default: the model's context)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str()
+      ->check(CLI::IsMember({"1f1b", "gpipe"}));
+  app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.adamw.warmup_steps, "linear warmup steps")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (matrices)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--grad-clip", o.adamw.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", o.seed, "initialization and data-order seed")->capture_default_str();
+  app.add_option("--data-dir", o.data_dir, "train.bin and val.bin from scripts/prepare_data.sh")
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics, "append one JSON object per step and per evaluation (rank 0)");
+  app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (one file per rank)");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at the end only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_flag("--resume", o.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
+  app.add_option("--stop-after", o.stop_after,
+                 "end this invocation after N steps, with a checkpoint; --resume continues (job time limits)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-sequences", o.eval_sequences, "validation sequences per evaluation")
+      ->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  app.add_flag("--quiet", o.quiet, "no progress line");
+  try {
+    app.parse(argc, argv);
+    if (o.stop_after > 0 && o.checkpoint_dir.empty())
+      throw CLI::ValidationError("--stop-after needs --checkpoint-dir");
+    if (o.resume && o.checkpoint_dir.empty()) throw CLI::ValidationError("--resume needs --checkpoint-dir");
+    if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
+      throw CLI::ValidationError("--checkpoint-every needs --checkpoint-dir");
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "dilocox-train: %s\n", e.what());
+    return 2;
+  }
+  return o;
+}
+
+}  // namespace dilocox::trainer
