@@ -39,12 +39,34 @@ struct TrainOptions {
   bool quiet = false;
 };
 
+namespace detail {
+// CLI11's PositiveNumber prints its whole range (up to 1.8e308); these say it in words.
+inline CLI::Validator number_above(double lo, bool inclusive) {
+  return CLI::Validator(
+      [lo, inclusive](std::string& s) -> std::string {
+        double v = 0;
+        try {
+          std::size_t used = 0;
+          v = std::stod(s, &used);
+          if (used != s.size()) return "'" + s + "' is not a number";
+        } catch (const std::exception&) {
+          return "'" + s + "' is not a number";
+        }
+        if (inclusive ? v >= lo : v > lo) return {};
+        return "must be " + std::string(inclusive ? ">= " : "> ") + CLI::detail::to_string(lo) + ", got " + s;
+      },
+      inclusive ? "NONNEGATIVE" : "POSITIVE");
+}
+inline const CLI::Validator positive = number_above(0, false);
+inline const CLI::Validator non_negative = number_above(0, true);
+}  // namespace detail
+
 // Returns the options, or the exit code when the program should stop now.
 inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv) {
   TrainOptions o;
   CLI::App app{"dilocox-train: the dilocox reference GPT trainer (CPU, Eigen; MPI pipeline stages)"};
   app.add_option("--model", o.model, "preset: tiny, small, medium (opt-1.3b, qwen1.5-107b: shapes for planning)")
-      ->capture_default_str();
+      ->capture_default_str()->check(CLI::IsMember(gpt_preset_names()));
   app.add_option("--layers", o.layers, "override the preset's number of layers")->check(CLI::Range(1, 4096));
   app.add_option("--embd", o.embd, "override the preset's width")->check(CLI::Range(1, 1 << 16));
   app.add_option("--heads", o.heads, "override the preset's attention heads")->check(CLI::Range(1, 4096));
@@ -63,26 +85,26 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   app.add_option("--schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str()
       ->check(CLI::IsMember({"1f1b", "gpipe"}));
   app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(detail::positive);
   app.add_option("--warmup", o.adamw.warmup_steps, "linear warmup steps")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(detail::non_negative);
   app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (matrices)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(detail::non_negative);
   app.add_option("--grad-clip", o.adamw.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(detail::non_negative);
   app.add_option("--seed", o.seed, "initialization and data-order seed")->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "train.bin and val.bin from scripts/prepare_data.sh")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics, "append one JSON object per step and per evaluation (rank 0)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (one file per rank)");
   app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at the end only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(detail::non_negative);
   app.add_flag("--resume", o.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
   app.add_option("--stop-after", o.stop_after,
                  "end this invocation after N steps, with a checkpoint; --resume continues (job time limits)")
-      ->check(CLI::PositiveNumber);
+      ->check(detail::positive);
   app.add_option("--eval-every", o.eval_every, "steps between evaluations (0: at the end only)")
-      ->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->capture_default_str()->check(detail::non_negative);
   app.add_option("--eval-sequences", o.eval_sequences, "validation sequences per evaluation")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_flag("--quiet", o.quiet, "no progress line");

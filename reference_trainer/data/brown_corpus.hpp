@@ -36,7 +36,7 @@ inline std::string strip_brown_tags(std::string_view tagged) {
       std::string word = slash == std::string::npos || slash == 0 ? item : item.substr(0, slash);
       const bool left = attaches_left(word);
       const bool opening = word == "(" || word == "``";
-      if (word == "``" || word == "''") word = "\"";
+      if (word == "``" || word == "''") word.assign(1, '"');
       if (!line_out.empty() && !left && !glue_next) line_out += ' ';
       line_out += word;
       glue_next = opening;

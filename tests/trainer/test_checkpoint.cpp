@@ -1,0 +1,91 @@
+// Checkpoint files: round trip of named sections; every truncation and any flipped
+// byte refused with a message naming the file; the atomic write leaves no temporary
+// file and replaces the old file whole; listing finds the steps newest first.
+#include "checkpoint.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+using namespace dilocox::trainer;
+namespace fs = std::filesystem;
+
+namespace {
+fs::path temp_dir() {
+  auto d = fs::temp_directory_path() / ("dilocox_test_ckpt_" + std::to_string(::getpid()));
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+TEST(Checkpoint, RoundTripsSections) {
+  const auto dir = temp_dir();
+  std::vector<float> params(1000);
+  for (std::size_t i = 0; i < params.size(); ++i) params[i] = 0.001f * static_cast<float>(i) - 0.3f;
+  Checkpoint c;
+  c.put("params", std::span<const float>(params));
+  c.put_text("meta", "{\"step\": 7}");
+  const auto path = checkpoint_path(dir, "stage0of1", 7);
+  c.write_atomically(path);
+  EXPECT_FALSE(fs::exists(path.string() + ".tmp"));
+  const auto r = Checkpoint::read(path);
+  std::vector<float> back(1000);
+  r.get("params", std::span<float>(back));
+  EXPECT_EQ(back, params);
+  EXPECT_EQ(r.get_text("meta"), "{\"step\": 7}");
+  std::vector<float> wrong(999);
+  EXPECT_THROW(r.get("params", std::span<float>(wrong)), dilocox::Error);
+  EXPECT_THROW(r.get_text("missing"), dilocox::Error);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, RefusesTruncatedAndCorruptedFiles) {
+  const auto dir = temp_dir();
+  std::vector<float> params(300, 1.5f);
+  Checkpoint c;
+  c.put("params", std::span<const float>(params));
+  const auto path = dir / "good.ckpt";
+  c.write_atomically(path);
+  const std::string bytes = read_all(path);
+  const auto bad = dir / "bad.ckpt";
+  for (std::size_t cut = 0; cut < bytes.size(); cut += 13) {
+    SCOPED_TRACE(cut);
+    std::ofstream(bad, std::ios::binary) << bytes.substr(0, cut);
+    try {
+      Checkpoint::read(bad);
+      ADD_FAILURE() << "accepted a truncated file";
+    } catch (const dilocox::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(bad.string()), std::string::npos);
+    }
+  }
+  for (std::size_t at : {std::size_t{0}, std::size_t{9}, std::size_t{20}, bytes.size() / 2, bytes.size() - 1}) {
+    SCOPED_TRACE(at);
+    std::string flipped = bytes;
+    flipped[at] = static_cast<char>(flipped[at] ^ 0x01);
+    std::ofstream(bad, std::ios::binary) << flipped;
+    EXPECT_THROW(Checkpoint::read(bad), dilocox::Error);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ListsStepsNewestFirstAndReplacesWhole) {
+  const auto dir = temp_dir();
+  Checkpoint a, b;
+  std::vector<float> x(10, 1.0f), y(20, 2.0f);
+  a.put("params", std::span<const float>(x));
+  b.put("params", std::span<const float>(y));
+  for (int s : {5, 40, 12}) a.write_atomically(checkpoint_path(dir, "stage0of2", s));
+  a.write_atomically(checkpoint_path(dir, "stage1of2", 99));
+  std::ofstream(dir / "stage0of2-stepXXXXXXXX.ckpt") << "junk";
+  EXPECT_EQ(list_checkpoints(dir, "stage0of2"), (std::vector<std::int64_t>{40, 12, 5}));
+  b.write_atomically(checkpoint_path(dir, "stage0of2", 40));
+  std::vector<float> back(20);
+  Checkpoint::read(checkpoint_path(dir, "stage0of2", 40)).get("params", std::span<float>(back));
+  EXPECT_EQ(back, y);
+  fs::remove_all(dir);
+}

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# End-to-end tests of dilocox-train, one case per ctest test:
+#   trainer_cli_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
+# CASE: bad_flags | resume | sigint | corrupt | pipeline. Each prints what it checks
+# and exits non-zero on the first mismatch.
+set -euo pipefail
+case_name=$1 train=$2 shards=$3 work=$4 mpiexec=${5:-}
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+"$shards" data
+common=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-every 0 --eval-sequences 8 --quiet)
+fail() { echo "FAIL: $*" >&2; exit 1; }
+losses() { grep '"type":"step"' "$1" | grep -o '"loss":[^,}]*\|"grad_norm":[^,}]*'; }
+
+case $case_name in
+bad_flags)
+  check() {  # the given flags only: expect exit code 2 and exactly one line on stderr
+    local rc=0
+    "$train" "$@" >out.txt 2>err.txt || rc=$?
+    [[ $rc == 2 ]] || fail "'$*' exited $rc, expected 2"
+    [[ $(wc -l <err.txt) == 1 ]] || fail "'$*' printed $(wc -l <err.txt) lines: $(cat err.txt)"
+    grep -q '^dilocox-train: ' err.txt || fail "'$*' message: $(cat err.txt)"
+    echo "ok: $* -> $(cat err.txt)"
+  }
+  base=(--data-dir data --model tiny --vocab 64 --quiet --tokens 128)
+  check "${base[@]}" --batch 0
+  check --data-dir data --model huge
+  check --data-dir data --model qwen1.5-107b
+  check "${base[@]}" --stages 2
+  check "${base[@]}" --batch 6 --micro-batches 4
+  check "${base[@]}" --seq-len 1000
+  check "${base[@]}" --no-such-flag
+  check "${base[@]}" --resume
+  check "${base[@]}" --lr -1
+  check "${base[@]}" --lr abc
+  check "${base[@]}" --heads 5
+  check --data-dir data --model tiny --vocab 32
+  check --data-dir does/not/exist --model tiny
+  check "${base[@]}" --stop-after 3
+  ;;
+resume)
+  "$train" "${common[@]}" --tokens 1536 --metrics straight.jsonl >straight.txt
+  "$train" "${common[@]}" --tokens 1536 --metrics split.jsonl --checkpoint-dir ckpt --stop-after 5 >first.txt
+  grep -q '"interrupted":true' first.txt || fail "--stop-after did not stop early"
+  "$train" "${common[@]}" --tokens 1536 --metrics split.jsonl --checkpoint-dir ckpt --resume >second.txt
+  losses straight.jsonl >a.txt
+  losses split.jsonl >b.txt
+  [[ $(wc -l <a.txt) == 24 ]] || fail "expected 12 steps of loss and grad norm, got $(wc -l <a.txt) lines"
+  diff a.txt b.txt || fail "the resumed run's losses differ from the uninterrupted run's"
+  eval_a=$(grep -o '"final_eval_loss":[^,]*' straight.txt)
+  eval_b=$(grep -o '"final_eval_loss":[^,]*' second.txt)
+  [[ $eval_a == "$eval_b" ]] || fail "final eval loss $eval_a vs $eval_b"
+  echo "ok: 12 steps stopped at 5 and resumed match bit for bit; $eval_a"
+  ;;
+sigint)
+  "$train" "${common[@]}" --tokens 100000000 --metrics m.jsonl --checkpoint-dir ckpt >out.txt 2>err.txt &
+  pid=$!
+  for _ in $(seq 1 600); do [[ -s m.jsonl && $(wc -l <m.jsonl) -ge 3 ]] && break; sleep 0.1; done
+  kill -INT $pid
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 0 ]] || fail "SIGINT: exit code $rc; $(cat err.txt)"
+  grep -q '"interrupted":true' out.txt || fail "no interrupted summary: $(cat out.txt)"
+  ls ckpt/stage0of1-step*.ckpt >/dev/null || fail "no checkpoint written on SIGINT"
+  step=$(grep -o '"steps":[0-9]*' out.txt | cut -d: -f2)
+  "$train" "${common[@]}" --tokens 100000000 --metrics m.jsonl --checkpoint-dir ckpt --resume --stop-after 2 >out2.txt
+  grep -q "\"steps\":$((step + 2))" out2.txt || fail "resume after SIGINT: $(cat out2.txt)"
+  echo "ok: SIGINT at step $step wrote a checkpoint, exited 0, and the run resumed"
+  ;;
+corrupt)
+  "$train" "${common[@]}" --tokens 1536 --checkpoint-dir ckpt --checkpoint-every 2 --stop-after 4 >/dev/null
+  newest=ckpt/stage0of1-step00000004.ckpt
+  [[ -f $newest && -f ckpt/stage0of1-step00000002.ckpt ]] || fail "expected checkpoints at steps 2 and 4: $(ls ckpt)"
+  head -c 1000 $newest >cut && mv cut $newest
+  "$train" "${common[@]}" --tokens 1536 --checkpoint-dir ckpt --resume --stop-after 1 --metrics m.jsonl >out.txt 2>err.txt
+  grep -q "refused" err.txt || fail "no refusal message: $(cat err.txt)"
+  grep -q '"step":3,' m.jsonl || fail "did not resume from step 2: $(cat m.jsonl)"
+  echo "ok: truncated step-4 checkpoint refused ($(head -1 err.txt)); resumed from step 2"
+  for f in ckpt/*.ckpt; do printf 'garbage' >"$f"; done
+  rc=0
+  "$train" "${common[@]}" --tokens 1536 --checkpoint-dir ckpt --resume >out.txt 2>err.txt || rc=$?
+  [[ $rc == 1 ]] || fail "all checkpoints corrupted: exit $rc, expected 1"
+  grep -q "no intact checkpoint" err.txt || fail "message: $(cat err.txt)"
+  echo "ok: with every checkpoint corrupted the run refuses to start ($(tail -1 err.txt))"
+  ;;
+pipeline)
+  [[ -n $mpiexec ]] || fail "pipeline needs MPIEXEC"
+  "$train" "${common[@]}" --tokens 1024 --micro-batches 4 --metrics one.jsonl >one.txt
+  for sched in 1f1b gpipe; do
+    "$mpiexec" -n 2 --oversubscribe --allow-run-as-root "$train" "${common[@]}" --tokens 1024 --stages 2 \
+      --micro-batches 4 --schedule $sched --metrics two_$sched.jsonl >two_$sched.txt
+    losses one.jsonl >a.txt
+    losses two_$sched.jsonl >b.txt
+    diff a.txt b.txt || fail "S=2 ($sched) losses differ from S=1"
+    [[ $(grep -o '"final_eval_loss":[^,]*' one.txt) == $(grep -o '"final_eval_loss":[^,]*' two_$sched.txt) ]] ||
+      fail "S=2 ($sched) eval loss differs"
+  done
+  first=$(head -1 a.txt) last=$(grep loss a.txt | tail -1)
+  echo "ok: S=2 (1f1b and gpipe, 4 micro-batches) equals S=1 bit for bit over 8 steps ($first ... $last)"
+  ;;
+*) fail "unknown case $case_name" ;;
+esac
