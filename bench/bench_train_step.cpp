@@ -1,0 +1,82 @@
+// BM_TrainStep/<preset>: one optimizer step of the reference GPT on one rank (forward,
+// backward, AdamW), single thread, batch 16 x the preset's context. Beside it, the
+// floor it chases: Eigen's single-thread SGEMM rate on this machine, measured in the
+// same run on the model's largest GEMM (the MLP, (B*T, C) x (C, 4C)) and on a
+// 1024^3 product. Counters: tokens_per_s, model_GFLOPs (6 N + attention per token,
+// see GptConfig::flops_per_token), gemm_GFLOPs (the larger of the two), vs_gemm =
+// model_GFLOPs / gemm_GFLOPs. Goal (issue 4): vs_gemm >= 0.4 for small.
+#include "model/adamw.hpp"
+#include "model/gpt_stage.hpp"
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+using namespace dilocox::trainer;
+
+namespace {
+
+double seconds_of(const auto& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Best-of-5 single-thread SGEMM rate, (m, k) x (k, n), in GFLOP/s.
+double gemm_gflops(int m, int k, int n) {
+  cpu::RowMat<float> a = cpu::RowMat<float>::Random(m, k), b = cpu::RowMat<float>::Random(k, n), c(m, n);
+  c.noalias() = a * b;
+  double best = INFINITY;
+  for (int r = 0; r < 5; ++r) best = std::min(best, seconds_of([&] { c.noalias() = a * b; }));
+  benchmark::DoNotOptimize(c.data());
+  return 2.0 * m * k * n / best / 1e9;
+}
+
+void BM_TrainStep(benchmark::State& state, const std::string& preset) {
+  const GptConfig cfg = gpt_preset(preset);
+  const int B = 16, T = cfg.max_seq;
+  GptStage<float> model(cfg, 1, 0, B, T, 1);
+  model.init(1);
+  AdamW adam(model.params().size());
+  AdamWConfig opt;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B) * T), targets(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(dilocox::counter_bits(1, i) % static_cast<std::uint32_t>(cfg.vocab));
+    targets[i] = static_cast<std::int32_t>(dilocox::counter_bits(2, i) % static_cast<std::uint32_t>(cfg.vocab));
+  }
+  std::int64_t t = 0;
+  auto step = [&] {
+    model.zero_grads();
+    benchmark::DoNotOptimize(model.forward(0, tokens.data(), targets.data()));
+    model.backward(0, 1.0f / static_cast<float>(tokens.size()));
+    model.finish_backward();
+    adam.step(model, opt, 1e-4f, 1.0f, ++t);
+  };
+  step();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) step();
+  const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double gemm = std::max(gemm_gflops(B * T, cfg.n_embd, 4 * cfg.n_embd), gemm_gflops(1024, 1024, 1024));
+  const double tokens_per_step = static_cast<double>(B) * T;
+  state.counters["tokens_per_s"] = benchmark::Counter(tokens_per_step, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["model_GFLOPs"] = benchmark::Counter(tokens_per_step * cfg.flops_per_token(T) / 1e9,
+                                                      benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gemm_GFLOPs"] = gemm;
+  const double achieved = static_cast<double>(state.iterations()) * tokens_per_step * cfg.flops_per_token(T) / loop_s / 1e9;
+  state.counters["vs_gemm"] = achieved / gemm;
+  state.counters["MFLOP_per_token"] = cfg.flops_per_token(T) / 1e6;
+  state.SetLabel(preset + ", " + std::to_string(cfg.params()) + " params, batch 16 x " + std::to_string(T));
+}
+
+}  // namespace
+
+BENCHMARK_CAPTURE(BM_TrainStep, tiny, std::string("tiny"))->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_TrainStep, small, std::string("small"))->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->MinTime(5.0);
+BENCHMARK_CAPTURE(BM_TrainStep, medium, std::string("medium"))->Unit(benchmark::kMillisecond)->UseRealTime()
+    ->Iterations(3);
+
+BENCHMARK_MAIN();
