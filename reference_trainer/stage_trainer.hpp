@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <vector>
 
 namespace dilocox::trainer {
@@ -34,7 +36,12 @@ struct StepStats {
   double grad_norm = 0;  // before clipping
   float lr = 0;
   bool skipped = false;  // a NaN/Inf gradient: no update
+  int contributors = 1;  // replicas whose gradient went into the update (AllReduce mode)
 };
+
+// Called with the stage's whole gradient after backward, before the norm: returns how
+// many replicas contributed (0: skip the update). AllReduce mode averages here.
+using GradientHook = std::function<int(std::span<float> grads, bool finite)>;
 
 class StageTrainer {
  public:
@@ -54,6 +61,10 @@ class StageTrainer {
   }
 
   GptStage<float>& model() { return model_; }
+  void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
+  // Fault injection (tests): the next step's loss gradient is NaN on this stage, as a
+  // batch with a NaN would make it (backward carries it to the other stages).
+  void inject_nan_next_step() { inject_nan_ = true; }
   AdamW& optimizer() { return adam_; }
   std::int64_t updates() const { return updates_; }
 
@@ -63,7 +74,8 @@ class StageTrainer {
     sampler.fill(static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(shape_.batch),
                  static_cast<std::size_t>(shape_.batch), inputs_, targets_);
     model_.zero_grads();
-    const float scale = 1.0f / static_cast<float>(shape_.tokens_per_step());
+    const float scale = inject_nan_ ? std::numeric_limits<float>::quiet_NaN()
+                                    : 1.0f / static_cast<float>(shape_.tokens_per_step());
     double loss_sum = 0;
     for (const auto& op : ops_) {
       const int slot = op.micro % model_.slots();
@@ -81,6 +93,14 @@ class StageTrainer {
     link_.wait_sends();
     model_.finish_backward();
     if (const auto* wte = model_.tied_embedding()) link_.sum_tied(model_.grad(*wte));
+    if (inject_nan_ && model_.last()) loss_sum = std::numeric_limits<double>::quiet_NaN();
+    inject_nan_ = false;
+    int contributors = 1;
+    if (hook_) {
+      bool finite = true;
+      for (float g : model_.grads()) finite = finite && std::isfinite(g);
+      contributors = hook_(model_.grads(), finite);
+    }
 
     // Squared norm per global tensor (the tied embedding once, on the first stage), the
     // loss, summed over stages; each entry has one contributor, so every stage layout
@@ -101,7 +121,8 @@ class StageTrainer {
     out.loss = stats_.back() / static_cast<double>(shape_.tokens_per_step());
     out.grad_norm = std::sqrt(sq);
     out.lr = learning_rate(opt_config_, step, total_steps);
-    out.skipped = !std::isfinite(out.grad_norm) || !std::isfinite(out.loss);
+    out.contributors = contributors;
+    out.skipped = contributors == 0 || !std::isfinite(out.grad_norm);
     if (!out.skipped) adam_.step(model_, opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
     return out;
   }
@@ -149,6 +170,8 @@ class StageTrainer {
   GptStage<float> model_;
   AdamW adam_;
   std::int64_t updates_ = 0;
+  GradientHook hook_;
+  bool inject_nan_ = false;
   std::vector<std::int32_t> inputs_, targets_;            // (batch, T): the step's sequences
   std::vector<std::int32_t> eval_inputs_, eval_targets_;  // (micro-batch, T)
   std::vector<double> stats_;  // squared gradient norm per global tensor, then the loss sum

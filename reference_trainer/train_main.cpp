@@ -4,6 +4,7 @@
 // writes metrics (JSONL), checkpoints atomically, resumes bit-for-bit, and stops
 // cleanly on SIGINT/SIGTERM. Ends with one JSON summary line on stdout.
 #include "checkpoint.hpp"
+#include "cluster_sync.hpp"
 #include "data/batch_sampler.hpp"
 #include "data/token_shard.hpp"
 #include "progress.hpp"
@@ -69,10 +70,11 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
   s.stages = o.stages;
   if (s.stages > s.model.n_layer)
     throw UsageError(std::to_string(s.stages) + " stages for " + std::to_string(s.model.n_layer) + " layers");
-  if (world != s.stages)
-    throw UsageError("--stages " + std::to_string(s.stages) + " needs " + std::to_string(s.stages) +
-                     " MPI ranks, this run has " + std::to_string(world) + " (mpirun -np " +
-                     std::to_string(s.stages) + ")");
+  const int need = s.stages * o.clusters;
+  if (world != need)
+    throw UsageError(std::to_string(o.clusters) + " cluster(s) x " + std::to_string(s.stages) + " stage(s) need " +
+                     std::to_string(need) + " MPI ranks, this run has " + std::to_string(world) + " (mpirun -np " +
+                     std::to_string(need) + ")");
   s.seq_len = o.seq_len ? o.seq_len : s.model.max_seq;
   if (s.seq_len > s.model.max_seq)
     throw UsageError("--seq-len " + std::to_string(s.seq_len) + " exceeds the model's context of " +
@@ -86,6 +88,47 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
   return s;
 }
 
+SyncOptions resolve_sync(const TrainOptions& o) {
+  SyncOptions s;
+  s.kind = parse_sync(o.sync);
+  s.bits = o.bits;
+  if (s.kind == SyncKind::cocktail || s.kind == SyncKind::dilocox) {
+    if (s.bits != 0 && s.bits != 4 && s.bits != 8)
+      throw UsageError("--bits " + std::to_string(s.bits) + ": --sync " + o.sync + " quantizes to 4 or 8 bits");
+  }
+  s.rank = o.rank;
+  s.local_steps = o.local_steps;
+  s.overlap = !o.no_overlap;
+  s.adaptive = !o.no_adaptive;
+  s.rebase = o.rebase == "keep" ? dilocox::Rebase::keep
+             : o.rebase == "overwrite" ? dilocox::Rebase::overwrite : dilocox::Rebase::blend;
+  s.outer_lr = o.outer_lr;
+  s.outer_momentum = o.outer_momentum;
+  try {
+    s.link.bits_per_second = dilocox::parse_bits_per_second(o.wan_bandwidth);
+    s.link.latency_seconds = dilocox::parse_seconds(o.wan_latency);
+  } catch (const dilocox::Error& e) {
+    throw UsageError(e.what());
+  }
+  return s;
+}
+
+// "STEP:REPLICA" -> (step, replica); (-1, -1) when empty.
+std::pair<std::int64_t, int> parse_fault(const std::string& s) {
+  if (s.empty()) return {-1, -1};
+  const auto colon = s.find(':');
+  try {
+    if (colon == std::string::npos) throw std::invalid_argument("no colon");
+    std::size_t a = 0, b = 0;
+    const auto step = std::stoll(s.substr(0, colon), &a);
+    const auto rep = std::stoi(s.substr(colon + 1), &b);
+    if (a != colon || b != s.size() - colon - 1 || step < 1 || rep < 0) throw std::invalid_argument("range");
+    return {step, rep};
+  } catch (const std::exception&) {
+    throw UsageError("--inject-nan '" + s + "': expected STEP:REPLICA, e.g. 7:1");
+  }
+}
+
 json run_meta(const TrainShape& s, const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
   return {{"step", step},
           {"total_steps", total_steps},
@@ -97,6 +140,8 @@ json run_meta(const TrainShape& s, const TrainOptions& o, std::int64_t step, std
             {"max_seq", s.model.max_seq},
             {"ffn", s.model.ffn_hidden()}}},
           {"stages", s.stages},
+          {"clusters", o.clusters},
+          {"sync", o.clusters > 1 ? o.sync : "none"},
           {"batch", s.batch},
           {"micro_batches", s.micro_batches},
           {"seq_len", s.seq_len},
@@ -105,10 +150,15 @@ json run_meta(const TrainShape& s, const TrainOptions& o, std::int64_t step, std
 
 // The fields that must match for a resumed run to continue the same loss curve.
 void check_compatible(const json& saved, const json& now, const std::string& path) {
-  for (const char* key : {"model", "stages", "batch", "micro_batches", "seq_len", "seed"})
-    if (saved.at(key) != now.at(key))
-      throw dilocox::Error("checkpoint " + path + " is from a different run: " + key + " " + saved.at(key).dump() +
-                           " there, " + now.at(key).dump() + " now");
+  for (const char* key : {"model", "stages", "clusters", "sync", "batch", "micro_batches", "seq_len", "seed"})
+    if (saved.value(key, json()) != now.at(key))
+      throw dilocox::Error("checkpoint " + path + " is from a different run: " + key + " " +
+                           saved.value(key, json()).dump() + " there, " + now.at(key).dump() + " now");
+}
+
+double sum_over(MPI_Comm comm, double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
+  return v;
 }
 
 class Run {
@@ -127,17 +177,33 @@ class Run {
     const TokenShard train = read_token_shard((data / "train.bin").string());
     const TokenShard val = read_token_shard((data / "val.bin").string());
     shape_ = resolve_shape(o_, std::max(train.vocab, val.vocab), world_size_);
-    const std::int64_t total_steps = (o_.tokens + shape_.tokens_per_step() - 1) / shape_.tokens_per_step();
-    const BatchSampler train_sampler(train, shape_.seq_len, o_.seed, /*stream=*/0);
+    const int K = o_.clusters, S = shape_.stages;
+    const SyncOptions sync_opts = resolve_sync(o_);
+    const auto [fault_step, fault_replica] = parse_fault(o_.inject_nan);
+    replica_ = rank_ / S;
+    const int stage = rank_ % S;
+    const std::int64_t step_tokens = shape_.tokens_per_step() * K;  // all clusters together
+    const std::int64_t total_steps = (o_.tokens + step_tokens - 1) / step_tokens;
+    const BatchSampler train_sampler(train, shape_.seq_len, o_.seed, /*stream=*/replica_);
     const BatchSampler val_sampler(val, shape_.seq_len, o_.seed, 0);
 
-    MPI_Comm cluster;
-    MPI_Comm_dup(world_, &cluster);
-    const int stage = rank_;
+    MPI_Comm cluster, stage_comm;
+    MPI_Comm_split(world_, replica_, stage, &cluster);
+    MPI_Comm_split(world_, stage, replica_, &stage_comm);
     const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
-    StageLink link(cluster, pipeline_slots(shape_.schedule, shape_.stages, stage, shape_.micro_batches), act);
+    StageLink link(cluster, pipeline_slots(shape_.schedule, S, stage, shape_.micro_batches), act);
     StageTrainer trainer(shape_, o_.adamw, link, o_.seed);
-    prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(shape_.stages);
+    prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(S) +
+              (K > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(K) : "");
+    auto& model = trainer.model();
+    const auto* wte = model.tied_embedding();
+    std::optional<ClusterSync> sync;
+    if (K > 1) {
+      sync.emplace(sync_opts, stage_comm, model, /*sync_tied=*/stage == 0, o_.seed);
+      if (sync->per_step())
+        trainer.set_gradient_hook([&](std::span<float> g, bool finite) { return sync->average_gradients(g, finite); });
+    }
+    const bool rounds = sync && !sync->per_step();
 
     std::int64_t start = 0;
     if (o_.resume) start = resume(trainer, total_steps);
@@ -149,73 +215,137 @@ class Run {
     ProgressLine progress(rank_ == 0 && !o_.quiet, total_steps);
     if (rank_ == 0 && !o_.quiet)
       progress.note("dilocox-train: " + shape_.model.name + ", " + std::to_string(shape_.model.params()) +
-                    " parameters, " + std::to_string(shape_.stages) + " stage(s), " + std::to_string(total_steps) +
-                    " steps of " + std::to_string(shape_.tokens_per_step()) + " tokens" +
+                    " parameters, " + std::to_string(K) + " cluster(s) x " + std::to_string(S) + " stage(s), " +
+                    std::to_string(total_steps) + " steps of " + std::to_string(step_tokens) + " tokens" +
+                    (sync ? ", sync " + o_.sync + ": " + sync->describe() : "") +
                     (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
 
     double train_seconds = 0, last_eval = std::numeric_limits<double>::quiet_NaN();
     std::int64_t step = start, trained_here = 0;
     bool interrupted = false;
+    int mismatched_rounds = 0;
     auto evaluate = [&](std::int64_t at) {
       last_eval = trainer.evaluate(val_sampler, static_cast<std::size_t>(o_.eval_sequences));
       if (metrics.is_open())
-        metrics << json{{"type", "eval"}, {"step", at}, {"tokens", at * shape_.tokens_per_step()},
-                        {"eval_loss", last_eval}}.dump()
+        metrics << json{{"type", "eval"}, {"step", at}, {"tokens", at * step_tokens}, {"eval_loss", last_eval},
+                        {"seconds", now_seconds() - t_start}}.dump()
                 << '\n' << std::flush;
       char buf[96];
       std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at), last_eval);
       if (rank_ == 0) progress.note(buf);
     };
+    // The last stage's copy of the tied embedding follows the first stage's after a round.
+    auto refresh_tied = [&] {
+      if (wte && S > 1) link.copy_tied(model.param(*wte));
+    };
+    // Whether to stop now (a signal on any rank, or --stop-after): every rank agrees.
+    auto should_stop = [&] {
+      int flags[2] = {g_stop_signal.load(), o_.stop_after > 0 && trained_here >= o_.stop_after ? 1 : 0};
+      MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, world_);
+      const int sig = flags[0];
+      if ((sig == 0 && flags[1] == 0) || step >= total_steps) return false;
+      if (rank_ == 0)
+        progress.note(sig != 0 ? std::string("dilocox-train: ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
+                                     " at step " + std::to_string(step) +
+                                     (o_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "")
+                               : "dilocox-train: --stop-after " + std::to_string(o_.stop_after) + " reached");
+      return true;
+    };
     install_signal_handlers();
-    while (step < total_steps) {
+    while (step < total_steps && !interrupted) {
+      const std::int64_t H = rounds ? agreed_local_steps(*sync) : 1;
+      if (rounds) sync->begin_round();
+      bool round_skipped = false;
+      for (std::int64_t h = 0; h < H && step < total_steps; ++h) {
+        if (fault_step == step + 1 && fault_replica == replica_) trainer.inject_nan_next_step();
+        const double t0 = now_seconds();
+        const StepStats st = trainer.train_step(step, total_steps, train_sampler);
+        if (sync) sync->count_dense_step();
+        train_seconds += now_seconds() - t0;
+        ++step;
+        ++trained_here;
+        round_skipped = round_skipped || st.skipped;
+        const double tps = static_cast<double>(trained_here * step_tokens) / train_seconds;
+        if (metrics.is_open()) {
+          json line{{"type", "step"}, {"step", step}, {"tokens", step * step_tokens}, {"loss", st.loss},
+                    {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
+                    {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start}};
+          if (sync && sync->per_step()) line["contributors"] = st.contributors;
+          metrics << line.dump() << '\n' << std::flush;
+        }
+        if (st.skipped && rank_ == 0)
+          progress.note("step " + std::to_string(step) + ": non-finite gradient, update skipped");
+        if (sync && sync->per_step() && st.contributors < K && rank_ == 0)
+          progress.note("step " + std::to_string(step) + ": " + std::to_string(K - st.contributors) +
+                        " replica(s) with a non-finite gradient left out of the average");
+        progress.step(step, st.loss, tps,
+                      static_cast<double>(total_steps - step) * train_seconds / static_cast<double>(trained_here));
+        if (o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
+        if (!rounds) {
+          if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && step < total_steps)
+            save(trainer, step, total_steps, progress);
+          interrupted = should_stop();
+          if (interrupted) break;
+        }
+      }
+      if (!rounds) continue;
+      // A replica that had to skip a step for a non-finite gradient sits the round out:
+      // its pseudo-gradient is marked non-finite, the round protocol leaves it out on
+      // every replica and reports it, and the replica rebases onto the global model.
+      if (round_skipped) model.param(model.tensors().front())[0] = std::numeric_limits<float>::quiet_NaN();
       const double t0 = now_seconds();
-      const StepStats st = trainer.train_step(step, total_steps, train_sampler);
+      const dilocox::RoundStats rs = sync->end_round();
       train_seconds += now_seconds() - t0;
-      ++step;
-      ++trained_here;
-      const double tps = static_cast<double>(trained_here * shape_.tokens_per_step()) / train_seconds;
-      if (metrics.is_open())
-        metrics << json{{"type", "step"}, {"step", step}, {"tokens", step * shape_.tokens_per_step()},
-                        {"loss", st.loss}, {"lr", st.lr}, {"grad_norm", st.grad_norm},
-                        {"skipped", st.skipped}, {"tokens_per_second", tps}}.dump()
-                << '\n' << std::flush;
-      if (st.skipped && rank_ == 0) progress.note("step " + std::to_string(step) + ": non-finite gradient, update skipped");
-      progress.step(step, st.loss, tps, static_cast<double>(total_steps - step) * train_seconds /
-                                            static_cast<double>(trained_here));
-      if (o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
-      if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && step < total_steps)
+      refresh_tied();
+      round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
+      if (o_.checkpoint_every > 0 && step % o_.checkpoint_every < H && step < total_steps)
         save(trainer, step, total_steps, progress);
-      int stop = g_stop_signal.load();
-      MPI_Allreduce(MPI_IN_PLACE, &stop, 1, MPI_INT, MPI_MAX, world_);
-      if (stop != 0 && step < total_steps) {
-        interrupted = true;
-        if (rank_ == 0)
-          progress.note(std::string("dilocox-train: ") + (stop == SIGTERM ? "SIGTERM" : "SIGINT") +
-                        " at step " + std::to_string(step) +
-                        (o_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : ""));
-        break;
-      }
-      if (o_.stop_after > 0 && trained_here >= o_.stop_after && step < total_steps) {
-        interrupted = true;
-        if (rank_ == 0) progress.note("dilocox-train: --stop-after " + std::to_string(o_.stop_after) + " reached");
-        break;
-      }
+      interrupted = should_stop();
+    }
+    if (rounds && !interrupted) {
+      const dilocox::RoundStats rs = sync->finish();
+      refresh_tied();
+      if (rs.applied) round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
     }
     if (!interrupted) evaluate(step);
     if (!o_.checkpoint_dir.empty()) save(trainer, step, total_steps, progress);
     progress.finish();
+
+    // The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
+    json summary{{"model", shape_.model.name},
+                 {"params", shape_.model.params()},
+                 {"clusters", K},
+                 {"stages", S},
+                 {"steps", step},
+                 {"tokens", step * step_tokens},
+                 {"final_eval_loss", interrupted ? json(nullptr) : json(last_eval)},
+                 {"tokens_per_second",
+                  static_cast<double>(trained_here * step_tokens) / std::max(train_seconds, 1e-9)},
+                 {"wall_seconds", now_seconds() - t_start},
+                 {"interrupted", interrupted}};
+    if (sync) {
+      const double wire = sum_over(world_, static_cast<double>(sync->wire_bytes()));
+      const double dense = sum_over(world_, static_cast<double>(sync->dense_bytes()));
+      const double comm = sum_over(world_, sync->per_step() ? sync->link_seconds() : sync->comm_seconds());
+      const double hidden = sum_over(world_, sync->hidden_seconds());
+      const double rank_sum = sum_over(world_, sync->last_rank());
+      int bad = mismatched_rounds;
+      MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world_);
+      summary["sync"] = o_.sync;
+      summary["wire_bytes"] = wire;
+      summary["dense_bytes"] = dense;
+      summary["compression_ratio"] = wire > 0 ? dense / wire : 0.0;
+      summary["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
+      summary["final_rank"] = rank_sum / world_size_;
+      summary["final_local_steps"] = rounds ? sync->local_steps() : 1;
+      summary["rounds"] = sync->rounds();
+      summary["dropped_rounds"] = sync->dropped_rounds();
+      summary["replicas_identical"] = bad == 0;
+    }
+    sync.reset();
+    MPI_Comm_free(&stage_comm);
     MPI_Comm_free(&cluster);
     if (rank_ == 0) {
-      json summary{{"model", shape_.model.name},
-                   {"params", shape_.model.params()},
-                   {"stages", shape_.stages},
-                   {"steps", step},
-                   {"tokens", step * shape_.tokens_per_step()},
-                   {"final_eval_loss", interrupted ? json(nullptr) : json(last_eval)},
-                   {"tokens_per_second", static_cast<double>(trained_here * shape_.tokens_per_step()) /
-                                             std::max(train_seconds, 1e-9)},
-                   {"wall_seconds", now_seconds() - t_start},
-                   {"interrupted", interrupted}};
       std::printf("%s\n", summary.dump().c_str());
       std::fflush(stdout);
     }
@@ -223,6 +353,35 @@ class Run {
   }
 
  private:
+  // Every rank of every replica runs the same H: the smallest any stage asks for.
+  std::int64_t agreed_local_steps(const ClusterSync& sync) {
+    int h = sync.local_steps();
+    MPI_Allreduce(MPI_IN_PLACE, &h, 1, MPI_INT, MPI_MIN, world_);
+    return h;
+  }
+
+  void round_event(const dilocox::RoundStats& rs, std::int64_t step, std::int64_t step_tokens, std::ofstream& metrics,
+                   ProgressLine& progress, int& mismatched, ClusterSync& sync) {
+    const bool agree = sync.replicas_agree();
+    if (!agree) ++mismatched;
+    if (!rs.applied) return;
+    if (metrics.is_open()) {
+      json dropped = json::array();
+      for (const auto& d : rs.dropped) dropped.push_back({{"replica", d.replica}, {"tensor", d.tensor}});
+      metrics << json{{"type", "round"}, {"round", rs.round}, {"step", step}, {"tokens", step * step_tokens},
+                      {"rank", rs.rank}, {"local_steps", rs.local_steps}, {"wire_bytes", rs.wire_bytes},
+                      {"dense_bytes", rs.dense_bytes}, {"compression_ratio", rs.compression_ratio},
+                      {"comm_seconds", rs.comm_seconds}, {"wait_seconds", rs.wait_seconds},
+                      {"contributors", rs.contributors}, {"dropped", dropped}, {"replicas_identical", agree}}
+                     .dump()
+              << '\n' << std::flush;
+    }
+    for (const auto& d : rs.dropped)
+      if (rank_ == 0)
+        progress.note("round " + std::to_string(rs.round) + ": replica " + std::to_string(d.replica) +
+                      " dropped (non-finite " + d.tensor + ")");
+  }
+
   void save(const StageTrainer& trainer, std::int64_t step, std::int64_t total_steps, ProgressLine& progress) {
     Checkpoint c;
     trainer.save(c);
@@ -230,13 +389,13 @@ class Run {
     fs::create_directories(o_.checkpoint_dir);
     const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step);
     c.write_atomically(path);
-    MPI_Barrier(world_);  // every stage's file is complete before older ones go
+    MPI_Barrier(world_);  // every rank's file is complete before older ones go
     const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
     for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, steps[i]));
     if (rank_ == 0) progress.note("checkpoint: step " + std::to_string(step) + " -> " + path.string());
   }
 
-  // Loads the newest checkpoint every stage has intact; returns its step (0: none).
+  // Loads the newest checkpoint every rank has intact; returns its step (0: none).
   std::int64_t resume(StageTrainer& trainer, std::int64_t total_steps) {
     std::int64_t mine = -1;  // -1: no file at all; -2: files, none intact
     std::optional<Checkpoint> loaded;
@@ -259,10 +418,10 @@ class Run {
       return 0;
     }
     if (lo < 0)
-      throw dilocox::Error("no intact checkpoint for every stage in " + o_.checkpoint_dir + " (stage " +
-                           std::to_string(rank_) + (mine == -2 ? ": all refused" : ": none") + ")");
+      throw dilocox::Error("no intact checkpoint for every rank in " + o_.checkpoint_dir + " (" + prefix_ +
+                           (mine == -2 ? ": all refused" : ": none") + ")");
     const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, lo).string();
-    if (mine != lo) loaded = Checkpoint::read(path);  // another stage is behind: use the common step
+    if (mine != lo) loaded = Checkpoint::read(path);  // another rank is behind: use the common step
     check_compatible(json::parse(loaded->get_text("meta")), run_meta(shape_, o_, lo, total_steps), path);
     trainer.load(*loaded);
     return lo;
@@ -270,7 +429,7 @@ class Run {
 
   TrainOptions o_;
   MPI_Comm world_;
-  int rank_ = 0, world_size_ = 1;
+  int rank_ = 0, world_size_ = 1, replica_ = 0;
   TrainShape shape_;
   std::string prefix_;
 };

@@ -37,6 +37,18 @@ struct TrainOptions {
   int eval_every = 50;
   int eval_sequences = 128;
   bool quiet = false;
+  // Across clusters (issue 5): K replicas x S stages = mpirun -np K*S.
+  int clusters = 1;
+  std::string sync = "dilocox";
+  int bits = 0;                     // 0: the mode's default
+  int rank = 8;
+  int local_steps = 20;
+  bool no_overlap = false, no_adaptive = false;
+  std::string rebase = "keep";
+  float outer_lr = 0.7f, outer_momentum = 0.9f;
+  std::string wan_bandwidth = "1Gbps", wan_latency = "0";
+  std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
+  std::string dump_pseudo_gradients;  // folder: replica 0 writes each round's pseudo-gradient
 };
 
 namespace detail {
@@ -108,6 +120,33 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   app.add_option("--eval-sequences", o.eval_sequences, "validation sequences per evaluation")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_flag("--quiet", o.quiet, "no progress line");
+  auto* g = "Across clusters";
+  app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x stages)")
+      ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
+  app.add_option("--sync", o.sync, "allreduce | diloco | cocktail | dilocox (with --clusters > 1)")
+      ->capture_default_str()->check(CLI::IsMember({"allreduce", "diloco", "cocktail", "dilocox"}))->group(g);
+  app.add_option("--bits", o.bits, "diloco: 32, 16 or 8 (default 8); cocktail, dilocox: 4 or 8 (default 4)")
+      ->check(CLI::IsMember({4, 8, 16, 32}))->group(g);
+  app.add_option("--rank", o.rank, "dilocox: initial low rank r0")->capture_default_str()
+      ->check(CLI::Range(1, 1024))->group(g);
+  app.add_option("--local-steps", o.local_steps, "H0: inner steps per outer round")->capture_default_str()
+      ->check(CLI::Range(1, 1000000))->group(g);
+  app.add_flag("--no-overlap", o.no_overlap, "dilocox: wait for each round's reduction (no one-step delay)")->group(g);
+  app.add_flag("--no-adaptive", o.no_adaptive, "dilocox: fixed rank and H")->group(g);
+  app.add_option("--rebase", o.rebase, "dilocox with overlap: keep | overwrite | blend")->capture_default_str()
+      ->check(CLI::IsMember({"keep", "overwrite", "blend"}))->group(g);
+  app.add_option("--outer-lr", o.outer_lr, "Nesterov outer learning rate")->capture_default_str()
+      ->check(detail::positive)->group(g);
+  app.add_option("--outer-momentum", o.outer_momentum, "Nesterov outer momentum")->capture_default_str()
+      ->check(CLI::Range(0.0, 0.999))->group(g);
+  app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between clusters, e.g. 1Gbps, 20Mbps")
+      ->capture_default_str()->group(g);
+  app.add_option("--wan-latency", o.wan_latency, "emulated latency per hop, e.g. 20ms")->capture_default_str()
+      ->group(g);
+  app.add_option("--inject-nan", o.inject_nan, "STEP:REPLICA: that replica's step gets a NaN batch (fault test)")
+      ->group(g);
+  app.add_option("--dump-pseudo-gradients", o.dump_pseudo_gradients,
+                 "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
   try {
     app.parse(argc, argv);
     if (o.stop_after > 0 && o.checkpoint_dir.empty())

@@ -85,6 +85,16 @@ class StageLink {
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = first[i] + last[i];
   }
 
+  // The last stage's copy of the tied embedding <- the first stage's (after an outer
+  // round changed the first stage's copy).
+  void copy_tied(std::span<float> w) {
+    if (stages_ == 1) return;
+    if (stage_ == 0)
+      detail::mpi_ok(MPI_Send(w.data(), detail::mpi_count(w), MPI_FLOAT, stages_ - 1, tied_tag + 1, comm_), "send tied");
+    else if (stage_ == stages_ - 1)
+      recv(w, 0, tied_tag + 1);
+  }
+
   // Element-wise sum over the stages (for vectors where each entry has one contributor).
   void allreduce_sum(std::span<double> v) {
     if (stages_ == 1) return;
