@@ -51,7 +51,7 @@ struct SyncOptions {
   bool overlap = true;      // dilocox: one-step-delay
   bool adaptive = true;     // dilocox: adaptive rank and H
   Rebase rebase = Rebase::keep;
-  float outer_lr = 0.7f, outer_momentum = 0.9f;
+  float outer_lr = 0.7f, outer_momentum = 0.5f;
   LinkConfig link{1e9, 0.0};
 };
 

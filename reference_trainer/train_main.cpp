@@ -7,6 +7,7 @@
 #include "cluster_sync.hpp"
 #include "data/batch_sampler.hpp"
 #include "data/token_shard.hpp"
+#include "plan_report.hpp"
 #include "progress.hpp"
 #include "stage_trainer.hpp"
 #include "train_options.hpp"
@@ -159,6 +160,35 @@ void check_compatible(const json& saved, const json& now, const std::string& pat
 double sum_over(MPI_Comm comm, double v) {
   MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
   return v;
+}
+
+// --plan: arithmetic only, on rank 0; no data, no training.
+int run_plan(const TrainOptions& o) {
+  PlanInput in;
+  try {
+    in.model = gpt_preset(o.model);
+    if (o.layers) in.model.n_layer = o.layers;
+    if (o.embd) in.model.n_embd = o.embd;
+    if (o.heads) in.model.n_head = o.heads;
+    if (o.vocab) in.model.vocab = o.vocab;
+    in.model.validate();
+  } catch (const dilocox::Error& e) {
+    throw UsageError(e.what());
+  }
+  in.params_override = static_cast<std::int64_t>(o.params);
+  in.clusters = o.clusters;
+  in.stages = o.stages;
+  in.shards = o.shards;
+  in.batch = o.batch;
+  in.seq_len = o.seq_len ? o.seq_len : in.model.max_seq;
+  in.micro_batches = o.micro_batches ? o.micro_batches : (o.stages == 1 ? 1 : std::min(o.batch, 2 * o.stages));
+  in.sync = resolve_sync(o);
+  in.rank_flops = o.rank_flops;
+  in.gpu_memory = o.gpu_memory_gb * 1e9;
+  const Plan plan = make_plan(in);
+  print_plan(in, plan);
+  std::printf("%s\n", plan_json(in, plan).dump().c_str());
+  return 0;
 }
 
 class Run {
@@ -449,6 +479,11 @@ int main(int argc, char** argv) {
   }
   int rc = 0;
   try {
+    if (std::get<TrainOptions>(parsed).plan) {
+      rc = rank == 0 ? run_plan(std::get<TrainOptions>(parsed)) : 0;
+      MPI_Finalize();
+      return rc;
+    }
     rc = Run(std::get<TrainOptions>(parsed), MPI_COMM_WORLD).main();
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());

@@ -45,10 +45,18 @@ struct TrainOptions {
   int local_steps = 20;
   bool no_overlap = false, no_adaptive = false;
   std::string rebase = "keep";
-  float outer_lr = 0.7f, outer_momentum = 0.9f;
+  // Measured defaults (docs/RESULTS.md, the DiLoCoX knobs): momentum 0.5 beat 0.9 and
+  // 0.7 with the one-step delay (0.9 drifts at low rank); r0 8 and H0 20 with adaptive rank.
+  float outer_lr = 0.7f, outer_momentum = 0.5f;
   std::string wan_bandwidth = "1Gbps", wan_latency = "0";
   std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
   std::string dump_pseudo_gradients;  // folder: replica 0 writes each round's pseudo-gradient
+  // Planning (--plan): no training.
+  bool plan = false;
+  double params = 0;                // a model known only by its size
+  double rank_flops = 100e12;       // achieved training FLOP/s per rank
+  double gpu_memory_gb = 80;
+  int shards = 0;                   // ranks per stage inside a cluster (0: the fewest that fit)
 };
 
 namespace detail {
@@ -145,6 +153,17 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
       ->group(g);
   app.add_option("--inject-nan", o.inject_nan, "STEP:REPLICA: that replica's step gets a NaN batch (fault test)")
       ->group(g);
+  auto* p = "Planning";
+  app.add_flag("--plan", o.plan, "print the plan of this run (memory, wire bytes, round times, tokens/s); no training")
+      ->group(p);
+  app.add_option("--params", o.params, "plan a model known only by its parameter count, e.g. 100e9")
+      ->check(detail::positive)->group(p);
+  app.add_option("--rank-flops", o.rank_flops, "achieved training FLOP/s per rank, e.g. 150e12")
+      ->capture_default_str()->check(detail::positive)->group(p);
+  app.add_option("--gpu-memory", o.gpu_memory_gb, "GB of memory per rank")->capture_default_str()
+      ->check(detail::positive)->group(p);
+  app.add_option("--shards", o.shards, "ranks sharing one stage inside a cluster (0: the fewest that fit)")
+      ->capture_default_str()->check(CLI::Range(0, 4096))->group(p);
   app.add_option("--dump-pseudo-gradients", o.dump_pseudo_gradients,
                  "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
   try {

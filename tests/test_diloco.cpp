@@ -320,3 +320,52 @@ TEST(OuterLoop, OverlapHidesTheLinkBehindCompute) {
     EXPECT_GT(hidden[r] / comm_s[r], 0.8) << "replica " << r;
   }
 }
+
+// A checkpoint of the outer loop mid-run (with a reduction in flight under overlap):
+// a fresh loop that loads it continues bit for bit as the uninterrupted one.
+TEST(OuterLoop, SavedStateContinuesBitForBit) {
+  const LeastSquares prob(2, kDin, kDout, 128, 0.05f, 5);
+  for (auto mode : {dx::SyncMode::dilocox, dx::SyncMode::cocktail, dx::SyncMode::dense}) {
+    SCOPED_TRACE(dx::to_string(mode));
+    dx::OuterLoopConfig cfg = dilocox_config();
+    cfg.mode = mode;
+    cfg.dense_error_feedback = true;
+    auto trace = [&](bool interrupt) {
+      std::vector<std::uint64_t> hashes;
+      run_ranks(prob.k, [&](dx::ThreadCommunicator& c) {
+        LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
+        auto loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(rep), cfg);
+        for (int t = 0; t < 8; ++t) {
+          if (interrupt && t == 4) {
+            const auto state = loop->save_state();
+            loop.reset();
+            loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(rep), cfg);
+            loop->load_state(state);
+          }
+          loop->begin_round();
+          for (int h = 0; h < loop->local_steps(); ++h) rep.adam_step();
+          loop->end_round();
+          if (c.rank() == 0) hashes.push_back(global_hash(*loop));
+        }
+        loop->finish();
+        if (c.rank() == 0) hashes.push_back(global_hash(*loop));
+      });
+      return hashes;
+    };
+    EXPECT_EQ(trace(false), trace(true));
+  }
+}
+
+TEST(OuterLoop, LoadStateRefusesAForeignState) {
+  const LeastSquares prob(2, kDin, kDout, 128, 0.05f, 5);
+  run_ranks(prob.k, [&](dx::ThreadCommunicator& c) {
+    LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
+    dx::OuterLoop loop(c, tensors(rep), dilocox_config());
+    auto state = loop.save_state();
+    state.resize(state.size() / 2);
+    dx::OuterLoop fresh(c, tensors(rep), dilocox_config());
+    EXPECT_THROW(fresh.load_state(state), dx::Error);
+    const std::vector<std::byte> junk(64, std::byte{7});
+    EXPECT_THROW(fresh.load_state(junk), dx::Error);
+  });
+}

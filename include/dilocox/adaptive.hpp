@@ -17,6 +17,7 @@
 #include <string>
 
 #include "dilocox/config.hpp"
+#include "dilocox/state.hpp"
 
 namespace dilocox {
 
@@ -89,6 +90,19 @@ class AdaptiveRankController {
   int local_steps(int overlap_floor = 0) const { return local_steps_for(rank_, overlap_floor); }
 
   const AdaptiveConfig& config() const { return config_; }
+
+  void save_state(StateWriter& w) const {
+    w.value<std::int32_t>(rank_);
+    w.value<std::int32_t>(last_effective_);
+    const std::vector<std::int32_t> h(history_.begin(), history_.end());
+    w.values(std::span<const std::int32_t>(h));
+  }
+  void load_state(StateReader& r) {
+    rank_ = r.value<std::int32_t>();
+    last_effective_ = r.value<std::int32_t>();
+    const auto h = r.vector<std::int32_t>();
+    history_.assign(h.begin(), h.end());
+  }
 
  private:
   AdaptiveConfig config_;

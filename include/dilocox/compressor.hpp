@@ -28,6 +28,7 @@
 #include "dilocox/lowrank.hpp"
 #include "dilocox/random.hpp"
 #include "dilocox/reduce.hpp"
+#include "dilocox/state.hpp"
 #include "dilocox/tensor.hpp"
 
 namespace dilocox {
@@ -62,6 +63,14 @@ class PseudoGradientCompressor {
                           std::span<const std::span<float>> delta) = 0;
   // Residuals, for checkpoints: one span per tensor (empty without error feedback).
   virtual std::vector<std::span<float>> residuals() { return {}; }
+  // Everything the next sync depends on besides its input (checkpoints): the residuals,
+  // and for the low-rank compressor the warm starts and rank controllers.
+  virtual void save_state(StateWriter& w) {
+    for (auto r : residuals()) w.values(std::span<const float>(r));
+  }
+  virtual void load_state(StateReader& r) {
+    for (auto s : residuals()) r.values(s);
+  }
 };
 
 namespace detail {
@@ -318,6 +327,20 @@ class LowRankCompressor final : public PseudoGradientCompressor<C> {
   }
   std::vector<std::span<float>> residuals() override {
     return config_.error_feedback ? detail::residual_spans(ef_) : std::vector<std::span<float>>{};
+  }
+  void save_state(StateWriter& w) override {
+    PseudoGradientCompressor<C>::save_state(w);
+    for (const auto& mx : matrices_) {
+      mx.proj->save_state(w);
+      mx.controller.save_state(w);
+    }
+  }
+  void load_state(StateReader& r) override {
+    PseudoGradientCompressor<C>::load_state(r);
+    for (auto& mx : matrices_) {
+      mx.proj->load_state(r);
+      mx.controller.load_state(r);
+    }
   }
   std::size_t matrix_count() const { return matrices_.size(); }
   int rank_of(std::size_t matrix) const { return matrices_[matrix].proj->rank(); }

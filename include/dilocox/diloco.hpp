@@ -22,6 +22,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dilocox/adaptive.hpp"
@@ -34,6 +35,7 @@
 #include "dilocox/overlap.hpp"
 #include "dilocox/quantize.hpp"
 #include "dilocox/reduce.hpp"
+#include "dilocox/state.hpp"
 
 namespace dilocox {
 
@@ -166,7 +168,7 @@ class OuterLoop {
 
     RoundStats stats;
     if (config_.overlap) {
-      if (background_.pending() > 1) stats = apply(slots_[(round_ - 2) % 2]);
+      if (in_flight() > 1) stats = apply(slots_[(round_ - 2) % 2]);
       rebase(slot);
     } else {
       stats = apply(slot);
@@ -182,7 +184,7 @@ class OuterLoop {
   // parameters. Call once after the last end_round().
   RoundStats finish() {
     RoundStats stats;
-    if (background_.pending() > 0) stats = apply(slots_[(round_ - 1) % 2]);
+    if (in_flight() > 0) stats = apply(slots_[(round_ - 1) % 2]);
     set_phi_to_theta();
     for (std::size_t i = 0; i < params_.size(); ++i)
       std::copy(params_[i].data.begin(), params_[i].data.end(), anchor_[i].begin());
@@ -190,7 +192,95 @@ class OuterLoop {
     return stats;
   }
 
+  // Checkpoints. save_state() waits for the reduction in flight (overlap) without
+  // applying it; load_state() on a loop built with the same tensors and configuration
+  // continues exactly where the saved one was: the next end_round() applies that
+  // reduction. The trainer's own parameters (phi) are the trainer's to save.
+  std::vector<std::byte> save_state() {
+    if (background_.pending() > 0 && !completed_) completed_ = background_.wait();
+    StateWriter w;
+    w.value(state_tag);
+    w.value<std::uint64_t>(params_.size());
+    w.value(round_);
+    w.value<std::int32_t>(local_steps_);
+    w.value<std::uint8_t>(self_dropped_ ? 1 : 0);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      w.values(std::span<const float>(theta_[i]));
+      w.values(std::span<const float>(anchor_[i]));
+      w.values(std::as_const(outer_[i]).momentum_buffer());
+    }
+    compressor_->save_state(w);
+    w.value<std::uint8_t>(completed_ ? 1 : 0);
+    if (completed_) {
+      const Slot& s = slots_[(round_ - 1) % 2];
+      w.value(s.round);
+      w.value<std::int32_t>(s.self_bad);
+      w.value(s.step_seconds);
+      w.value(s.max_step_seconds);
+      w.value(completed_->ran_seconds);
+      w.value<std::int32_t>(s.report.contributors);
+      w.value(s.report.mean_rank);
+      w.value(s.report.next_rank_ratio);
+      w.value(s.report.cost.bytes);
+      w.value<std::int32_t>(s.report.cost.hops);
+      w.value<std::uint64_t>(s.dropped.size());
+      for (const auto& d : s.dropped) {
+        w.value<std::int32_t>(d.replica);
+        w.values(std::span<const char>(d.tensor.data(), d.tensor.size()));
+      }
+      for (const auto& m : s.mean) w.values(std::span<const float>(m));
+    }
+    return w.bytes();
+  }
+
+  void load_state(std::span<const std::byte> bytes) {
+    detail::require(background_.pending() == 0 && !completed_ && round_ == 0, "OuterLoop::load_state",
+                    "load state into a freshly built loop, before its first round");
+    StateReader r(bytes);
+    detail::require(r.value<std::uint64_t>() == state_tag, "OuterLoop::load_state", "not an OuterLoop state");
+    detail::require(r.value<std::uint64_t>() == params_.size(), "OuterLoop::load_state",
+                    "the state has another number of tensors");
+    round_ = r.value<std::uint64_t>();
+    local_steps_ = r.value<std::int32_t>();
+    self_dropped_ = r.value<std::uint8_t>() != 0;
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      r.values(std::span<float>(theta_[i]));
+      r.values(std::span<float>(anchor_[i]));
+      r.values(outer_[i].momentum_buffer());
+    }
+    compressor_->load_state(r);
+    if (r.value<std::uint8_t>() != 0) {
+      detail::require(round_ > 0, "OuterLoop::load_state", "a pending reduction before the first round");
+      Slot& s = slots_[(round_ - 1) % 2];
+      s.round = r.value<std::uint64_t>();
+      s.self_bad = r.value<std::int32_t>();
+      s.step_seconds = r.value<double>();
+      s.max_step_seconds = r.value<double>();
+      ReductionTiming t;
+      t.ran_seconds = r.value<double>();
+      s.report.contributors = r.value<std::int32_t>();
+      s.report.mean_rank = r.value<double>();
+      s.report.next_rank_ratio = r.value<double>();
+      s.report.cost.bytes = r.value<std::uint64_t>();
+      s.report.cost.hops = r.value<std::int32_t>();
+      s.dropped.resize(r.value<std::uint64_t>());
+      for (auto& d : s.dropped) {
+        d.replica = r.value<std::int32_t>();
+        const auto name = r.vector<char>();
+        d.tensor.assign(name.begin(), name.end());
+      }
+      for (auto& m : s.mean) r.values(std::span<float>(m));
+      completed_ = t;
+    }
+    detail::require(r.done(), "OuterLoop::load_state", "trailing bytes in the state");
+  }
+
  private:
+  static constexpr std::uint64_t state_tag = 0x3130524554554f44ULL;  // "DOUTER01"
+
+  // Reductions started and not yet applied (one may have completed for a checkpoint).
+  std::size_t in_flight() const { return background_.pending() + (completed_ ? 1 : 0); }
+
   struct Slot {  // one round's buffers, owned by its background reduction until applied
     std::vector<std::vector<float>> delta;  // (tensors) pseudo-gradient, read by the trainer's thread
     std::vector<std::vector<float>> x;      // (tensors) its copy, compressed in place by the reduction
@@ -273,7 +363,8 @@ class OuterLoop {
 
   // Waits for the oldest reduction (slot), applies its mean to theta, returns stats.
   RoundStats apply(Slot& slot) {
-    const ReductionTiming timing = background_.wait();
+    const ReductionTiming timing = completed_ ? *completed_ : background_.wait();
+    completed_.reset();
     RoundStats s;
     s.round = slot.round;
     s.applied = true;
@@ -359,6 +450,7 @@ class OuterLoop {
   std::optional<AdaptiveRankController> h_rule_;  // H from the rank (dilocox with adaptive rank)
   Slot slots_[2];
   BackgroundReductions background_;
+  std::optional<ReductionTiming> completed_;  // the oldest reduction, waited for by save_state()
   std::uint64_t round_ = 0;
   int local_steps_ = 1;
   bool self_dropped_ = false;

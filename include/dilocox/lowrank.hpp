@@ -20,6 +20,7 @@
 
 #include "dilocox/config.hpp"
 #include "dilocox/random.hpp"
+#include "dilocox/state.hpp"
 #include "dilocox/tensor.hpp"
 
 namespace dilocox {
@@ -140,6 +141,21 @@ class PowerIterationProjector {
   // The factors as flat row-major buffers, e.g. to write a reduced mean back.
   std::span<float> left_factor() { return {p_.data(), static_cast<std::size_t>(p_.size())}; }
   std::span<float> right_factor() { return {q_.data(), static_cast<std::size_t>(q_.size())}; }
+
+  // The warm start and the random-draw counters (what the next call depends on).
+  void save_state(StateWriter& w) const {
+    w.value<std::int32_t>(rank_);
+    w.value(draws_);
+    w.value(replacements_);
+    w.values(std::span<const float>(q_.data(), static_cast<std::size_t>(q_.size())));
+  }
+  void load_state(StateReader& r) {
+    const int rank = r.value<std::int32_t>();
+    if (rank != rank_) resize(checked_rank(rank)), config_.rank = rank;
+    draws_ = r.value<std::uint64_t>();
+    replacements_ = r.value<std::uint64_t>();
+    r.values(std::span<float>(q_.data(), static_cast<std::size_t>(q_.size())));
+  }
 
   // How many columns orthonormalize_left() replaced so far (diagnostics).
   std::uint64_t replaced_columns() const { return replacements_; }
