@@ -13,6 +13,7 @@
 #include <dilocox/comm/mpi.hpp>
 #include <dilocox/comm/throttled.hpp>
 #include <dilocox/diloco.hpp>
+#include <dilocox/state.hpp>
 
 #include <mpi.h>
 
@@ -160,7 +161,34 @@ class ClusterSync {
     return lo == hi;
   }
 
-  std::uint64_t wire_bytes() const { return link_.stats().wire_bytes; }
+  // The outer loop's state and this object's counters, for checkpoints.
+  std::vector<std::byte> save_state() {
+    StateWriter w;
+    w.value(dense_bytes_);
+    w.value(comm_seconds_);
+    w.value(hidden_seconds_);
+    w.value(last_rank_);
+    w.value<std::int32_t>(rounds_);
+    w.value<std::int32_t>(dropped_);
+    w.value(link_.stats().wire_bytes + wire_before_);
+    std::vector<std::byte> loop = loop_ ? loop_->save_state() : std::vector<std::byte>{};
+    w.values(std::span<const std::byte>(loop));
+    return w.bytes();
+  }
+  void load_state(std::span<const std::byte> bytes) {
+    StateReader r(bytes);
+    dense_bytes_ = r.value<std::uint64_t>();
+    comm_seconds_ = r.value<double>();
+    hidden_seconds_ = r.value<double>();
+    last_rank_ = r.value<double>();
+    rounds_ = r.value<std::int32_t>();
+    dropped_ = r.value<std::int32_t>();
+    wire_before_ = r.value<std::uint64_t>();
+    const auto loop = r.vector<std::byte>();
+    if (loop_) loop_->load_state(loop);
+  }
+
+  std::uint64_t wire_bytes() const { return link_.stats().wire_bytes + wire_before_; }
   std::uint64_t dense_bytes() const { return dense_bytes_; }
   double comm_seconds() const { return comm_seconds_; }
   double hidden_seconds() const { return hidden_seconds_; }
@@ -198,6 +226,7 @@ class ClusterSync {
   std::optional<OuterLoop<WanLink>> loop_;
   std::size_t stage_floats_ = 0;
   std::uint64_t dense_bytes_ = 0;
+  std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume
   double comm_seconds_ = 0, hidden_seconds_ = 0, last_rank_ = 0;
   int rounds_ = 0, dropped_ = 0;
 };

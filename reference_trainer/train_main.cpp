@@ -235,8 +235,10 @@ class Run {
     }
     const bool rounds = sync && !sync->per_step();
 
+    sync_ = sync ? &*sync : nullptr;
     std::int64_t start = 0;
     if (o_.resume) start = resume(trainer, total_steps);
+    std::int64_t last_checkpoint = start;
     std::ofstream metrics;
     if (rank_ == 0 && !o_.metrics.empty()) {
       metrics.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
@@ -328,8 +330,10 @@ class Run {
       train_seconds += now_seconds() - t0;
       refresh_tied();
       round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
-      if (o_.checkpoint_every > 0 && step % o_.checkpoint_every < H && step < total_steps)
+      if (o_.checkpoint_every > 0 && step - last_checkpoint >= o_.checkpoint_every && step < total_steps) {
         save(trainer, step, total_steps, progress);
+        last_checkpoint = step;
+      }
       interrupted = should_stop();
     }
     if (rounds && !interrupted) {
@@ -372,6 +376,7 @@ class Run {
       summary["dropped_rounds"] = sync->dropped_rounds();
       summary["replicas_identical"] = bad == 0;
     }
+    sync_ = nullptr;
     sync.reset();
     MPI_Comm_free(&stage_comm);
     MPI_Comm_free(&cluster);
@@ -415,6 +420,10 @@ class Run {
   void save(const StageTrainer& trainer, std::int64_t step, std::int64_t total_steps, ProgressLine& progress) {
     Checkpoint c;
     trainer.save(c);
+    if (sync_) {
+      const auto state = sync_->save_state();
+      c.put("cluster_sync", std::span<const std::byte>(state));
+    }
     c.put_text("meta", run_meta(shape_, o_, step, total_steps).dump());
     fs::create_directories(o_.checkpoint_dir);
     const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step);
@@ -454,6 +463,10 @@ class Run {
     if (mine != lo) loaded = Checkpoint::read(path);  // another rank is behind: use the common step
     check_compatible(json::parse(loaded->get_text("meta")), run_meta(shape_, o_, lo, total_steps), path);
     trainer.load(*loaded);
+    if (sync_) {
+      const std::string state = loaded->get_text("cluster_sync");
+      sync_->load_state(std::as_bytes(std::span<const char>(state.data(), state.size())));
+    }
     return lo;
   }
 
@@ -462,6 +475,7 @@ class Run {
   int rank_ = 0, world_size_ = 1, replica_ = 0;
   TrainShape shape_;
   std::string prefix_;
+  ClusterSync* sync_ = nullptr;
 };
 
 }  // namespace

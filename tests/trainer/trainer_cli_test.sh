@@ -97,5 +97,53 @@ pipeline)
   first=$(head -1 a.txt) last=$(grep loss a.txt | tail -1)
   echo "ok: S=2 (1f1b and gpipe, 4 micro-batches) equals S=1 bit for bit over 8 steps ($first ... $last)"
   ;;
+plan)  # the paper's arithmetic and the 107B layout, pinned
+  "$train" --plan --params 100e9 --clusters 3 --stages 1 --shards 1 --sync allreduce --wan-bandwidth 1Gbps >p.txt
+  grep -q "533.3 GB" p.txt || fail "100B fp32 ring allreduce over 3 clusters is not 533.3 GB per rank: $(cat p.txt)"
+  grep -q "1.185 h" p.txt || fail "... nor 1.185 h at 1 Gbit/s: $(grep allreduce p.txt)"
+  tail -1 p.txt | grep -q '"wire_bytes_per_round":533333333333' || fail "JSON bytes: $(tail -1 p.txt)"
+  "$train" --plan --model qwen1.5-107b --clusters 2 --stages 8 --batch 16 --micro-batches 16 --seq-len 2048 \
+    --rank-flops 150e12 --gpu-memory 80 >q.txt
+  tail -1 q.txt | grep -q '"fits":true' || fail "107B does not fit: $(cat q.txt)"
+  mem=$(tail -1 q.txt | grep -o '"memory_per_rank":[0-9.e+]*' | cut -d: -f2)
+  awk -v m="$mem" 'BEGIN { exit !(m <= 80e9) }' || fail "107B: $mem bytes per rank"
+  params=$(tail -1 q.txt | grep -o '"params":[0-9]*' | cut -d: -f2)
+  [[ $params -gt 105000000000 && $params -lt 112000000000 ]] || fail "107B preset has $params parameters"
+  echo "ok: 100e9 x 3 clusters at 1 Gbit/s: 533.3 GB and 1.185 h per sync; $(head -1 q.txt)"
+  ;;
+clusters)  # K = 2 clusters x S = 2 stages, every sync mode: loss falls, replicas identical, resume, NaN
+  [[ -n $mpiexec ]] || fail "clusters needs MPIEXEC"
+  mpi=("$mpiexec" -n 4 --oversubscribe --allow-run-as-root)
+  flags=("${common[@]}" --clusters 2 --stages 2 --micro-batches 2 --tokens 6144 --local-steps 3 --lr 3e-3)
+  field() { grep -o "\"$1\":[^,}]*" "$2" | head -1 | cut -d: -f2; }
+  for mode in allreduce diloco cocktail dilocox; do
+    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics $mode.jsonl >$mode.txt
+    [[ $(field replicas_identical $mode.txt) == true ]] || fail "$mode: replicas differ: $(cat $mode.txt)"
+    first=$(grep '"type":"step"' $mode.jsonl | head -1 | grep -o '"loss":[^,]*' | cut -d: -f2)
+    final=$(field final_eval_loss $mode.txt)
+    awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
+    rounds=$(field rounds $mode.txt)
+    [[ $mode == allreduce || $rounds -ge 3 ]] || fail "$mode: only $rounds rounds"
+    # Resume mid-run: stop after 9 steps (a round end), continue; same losses bit for bit.
+    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --stop-after 9 >/dev/null
+    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --resume >r_$mode.txt
+    losses $mode.jsonl >a.txt
+    losses r_$mode.jsonl >b.txt
+    diff a.txt b.txt >/dev/null || fail "$mode: the resumed run's losses differ: $(diff a.txt b.txt | head -4)"
+    [[ $(field final_eval_loss $mode.txt) == $(field final_eval_loss r_$mode.txt) ]] || fail "$mode: resumed eval differs"
+    # A NaN batch on replica 1 at step 4: dropped and reported, the others unharmed.
+    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --inject-nan 4:1 --metrics n_$mode.jsonl >n_$mode.txt 2>n_$mode.err
+    [[ $(field replicas_identical n_$mode.txt) == true ]] || fail "$mode NaN: replicas differ"
+    nan_final=$(field final_eval_loss n_$mode.txt)
+    awk -v a="$first" -v b="$nan_final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode NaN: loss $nan_final"
+    if [[ $mode == allreduce ]]; then
+      grep -q '"contributors":1' n_$mode.jsonl || fail "allreduce NaN: no step averaged without replica 1"
+    else
+      [[ $(field dropped_rounds n_$mode.txt) -ge 1 ]] || fail "$mode NaN: no dropped round: $(cat n_$mode.txt)"
+      grep -q '"dropped":\[{"replica":1' n_$mode.jsonl || fail "$mode NaN: replica 1 not reported"
+    fi
+    echo "ok: $mode: loss $first -> $final, $rounds rounds, replicas identical; resume bit for bit; NaN on replica 1 -> $nan_final"
+  done
+  ;;
 *) fail "unknown case $case_name" ;;
 esac
