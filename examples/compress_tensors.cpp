@@ -1,9 +1,9 @@
 // compress_tensors: compresses gradient-like matrices every way dilocox can (int8/int4
 // quantization alone, low-rank alone, low-rank with quantized factors) and prints a
 // compression-ratio-vs-error table in Markdown, marking the best error at each byte
-// budget. The matrices are synthetic, with fast and slow spectral decay; the trainer
-// (a later part) captures real pseudo-gradients.
-//   compress_tensors [--quick] [--shape MxN]...
+// budget. The matrices are synthetic, with fast and slow spectral decay, or the real
+// pseudo-gradients a dilocox-train run dumped (--dump-pseudo-gradients DIR).
+//   compress_tensors [--quick] [--shape MxN]... [--from DIR/round0003-stage0.bin]
 #include <dilocox/dilocox.hpp>
 
 #include <Eigen/QR>
@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -87,9 +88,28 @@ void mark_best(std::vector<Result>& rs) {
   }
 }
 
+// The 2-D tensors of a pseudo-gradient dump (a sequence of dense fp32 wire payloads).
+std::vector<std::pair<std::string, RowM>> read_dump(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw dx::Error("cannot open " + path);
+  std::vector<char> raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto bytes = std::as_bytes(std::span<const char>(raw));
+  std::vector<std::pair<std::string, RowM>> out;
+  for (std::size_t at = 0; at < bytes.size();) {
+    const dx::PayloadView v = dx::read_payload(bytes.subspan(at));
+    at += v.size;
+    if (v.header.kind != dx::PayloadKind::dense_f32 || v.header.shape.rank != 2) continue;
+    RowM x(static_cast<Eigen::Index>(v.header.shape[0]), static_cast<Eigen::Index>(v.header.shape[1]));
+    std::memcpy(x.data(), v.body.data(), static_cast<std::size_t>(x.size()) * 4);
+    if (x.rows() >= 16 && x.cols() >= 16 && x.norm() > 0) out.emplace_back(std::string(v.name), std::move(x));
+  }
+  return out;
+}
+
 int main(int argc, char** argv) {
   bool quick = false;
   std::vector<std::pair<int, int>> shapes;
+  std::vector<std::string> dumps;
   for (int i = 1; i < argc; ++i) {
     int m = 0, n = 0;
     if (!std::strcmp(argv[i], "--quick")) {
@@ -97,8 +117,10 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--shape") && i + 1 < argc && std::sscanf(argv[++i], "%dx%d", &m, &n) == 2 &&
                m > 0 && n > 0) {
       shapes.emplace_back(m, n);
+    } else if (!std::strcmp(argv[i], "--from") && i + 1 < argc) {
+      dumps.emplace_back(argv[++i]);
     } else {
-      std::fprintf(stderr, "compress_tensors: bad argument '%s' (use --quick, --shape MxN)\n", argv[i]);
+      std::fprintf(stderr, "compress_tensors: bad argument '%s' (use --quick, --shape MxN, --from FILE)\n", argv[i]);
       return 2;
     }
   }
@@ -108,9 +130,29 @@ int main(int argc, char** argv) {
   const std::vector<std::size_t> blocks = quick ? std::vector<std::size_t>{128} : std::vector<std::size_t>{32, 128, 512};
   const int warm_calls = 4;
 
-  for (const auto& [m, n] : shapes)
-    for (const double decay : {1.5, 0.5}) {
-      const RowM x = make_matrix(m, n, decay, 17);
+  // Every (title, matrix) to compress: real tensors from dumps, or synthetic spectra.
+  std::vector<std::pair<std::string, RowM>> inputs;
+  try {
+    for (const auto& d : dumps)
+      for (auto& [name, x] : read_dump(d))
+        inputs.emplace_back(name + " (" + std::to_string(x.rows()) + " x " + std::to_string(x.cols()) + ", " + d + ")",
+                            std::move(x));
+  } catch (const dx::Error& e) {
+    std::fprintf(stderr, "compress_tensors: %s\n", e.what());
+    return 1;
+  }
+  if (dumps.empty())
+    for (const auto& [m, n] : shapes)
+      for (const double decay : {1.5, 0.5}) {
+        char title[96];
+        std::snprintf(title, sizeof title, "%d x %d, singular values i^-%.1f (%s decay)", m, n, decay,
+                      decay > 1 ? "fast" : "slow");
+        inputs.emplace_back(title, make_matrix(m, n, decay, 17));
+      }
+
+  for (const auto& [title, x] : inputs) {
+    {
+      const int m = static_cast<int>(x.rows()), n = static_cast<int>(x.cols());
       const std::size_t dense = static_cast<std::size_t>(x.size()) * 4;
       std::vector<Result> rs;
       for (int bits : {8, 4})
@@ -125,12 +167,13 @@ int main(int argc, char** argv) {
           }
       }
       mark_best(rs);
-      std::printf("\n### %d x %d, singular values i^-%.1f (%s decay)\n\n", m, n, decay, decay > 1 ? "fast" : "slow");
+      std::printf("\n### %s\n\n", title.c_str());
       std::printf("| method | bytes | ratio | rel. error | best at its budget |\n|---|---:|---:|---:|:---:|\n");
       for (const auto& r : rs)
         std::printf("| %s | %zu | %.1fx | %.4f | %s |\n", r.method.c_str(), r.bytes,
                     static_cast<double>(dense) / static_cast<double>(r.bytes), r.rel_error, r.best ? "*" : "");
     }
+  }
   std::printf("\nratio = fp32 bytes / compressed bytes; low-rank after %d warm-started power iterations.\n", warm_calls);
   return 0;
 }

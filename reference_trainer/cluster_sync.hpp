@@ -78,6 +78,7 @@ class ClusterSync {
       shape.rank = t.shape.size();
       for (std::size_t d = 0; d < t.shape.size(); ++d) shape.dims[d] = static_cast<std::size_t>(t.shape[d]);
       params.push_back({t.name, shape, model.param(t)});
+      synced_.push_back(model.param(t));
       stage_floats_ += t.numel();
     }
     OuterLoopConfig c;
@@ -111,6 +112,16 @@ class ClusterSync {
         break;
     }
     loop_.emplace(link_, std::move(params), c);
+  }
+
+  // Writes the global parameters theta into the synced tensors (for evaluating the
+  // global model; the caller saves and restores its own parameters around it).
+  void load_global() {
+    if (!loop_) return;
+    for (std::size_t i = 0; i < synced_.size(); ++i) {
+      const auto g = loop_->global(i);
+      std::copy(g.begin(), g.end(), synced_[i].begin());
+    }
   }
 
   bool per_step() const { return o_.kind == SyncKind::allreduce; }
@@ -224,6 +235,7 @@ class ClusterSync {
   WanLink link_;
   GptStage<float>* model_;
   std::optional<OuterLoop<WanLink>> loop_;
+  std::vector<std::span<float>> synced_;  // the model's tensors the outer loop owns, in its order
   std::size_t stage_floats_ = 0;
   std::uint64_t dense_bytes_ = 0;
   std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume

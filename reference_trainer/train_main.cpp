@@ -9,6 +9,7 @@
 #include "data/token_shard.hpp"
 #include "plan_report.hpp"
 #include "progress.hpp"
+#include "pseudo_gradient_dump.hpp"
 #include "stage_trainer.hpp"
 #include "train_options.hpp"
 
@@ -234,11 +235,17 @@ class Run {
         trainer.set_gradient_hook([&](std::span<float> g, bool finite) { return sync->average_gradients(g, finite); });
     }
     const bool rounds = sync && !sync->per_step();
+    std::optional<PseudoGradientDump> dump;
+    if (!o_.dump_pseudo_gradients.empty()) {
+      if (!rounds) throw UsageError("--dump-pseudo-gradients needs --clusters > 1 and an outer-loop --sync");
+      if (replica_ == 0) dump.emplace(o_.dump_pseudo_gradients, stage);
+    }
+    std::uint64_t round_index = 0;
 
     sync_ = sync ? &*sync : nullptr;
     std::int64_t start = 0;
     if (o_.resume) start = resume(trainer, total_steps);
-    std::int64_t last_checkpoint = start;
+    std::int64_t last_checkpoint = start, last_eval_step = start;
     std::ofstream metrics;
     if (rank_ == 0 && !o_.metrics.empty()) {
       metrics.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
@@ -256,8 +263,17 @@ class Run {
     std::int64_t step = start, trained_here = 0;
     bool interrupted = false;
     int mismatched_rounds = 0;
+    // Evaluates the global model: in the outer-loop modes theta (identical on every
+    // replica), swapped in for the evaluation; otherwise the parameters as they are.
+    std::vector<float> saved;
     auto evaluate = [&](std::int64_t at) {
+      if (rounds) {
+        saved.assign(model.params().begin(), model.params().end());
+        sync->load_global();
+        if (wte && S > 1) link.copy_tied(model.param(*wte));
+      }
       last_eval = trainer.evaluate(val_sampler, static_cast<std::size_t>(o_.eval_sequences));
+      if (rounds) std::copy(saved.begin(), saved.end(), model.params().begin());
       if (metrics.is_open())
         metrics << json{{"type", "eval"}, {"step", at}, {"tokens", at * step_tokens}, {"eval_loss", last_eval},
                         {"seconds", now_seconds() - t_start}}.dump()
@@ -287,6 +303,7 @@ class Run {
     while (step < total_steps && !interrupted) {
       const std::int64_t H = rounds ? agreed_local_steps(*sync) : 1;
       if (rounds) sync->begin_round();
+      if (dump) dump->begin_round(model);
       bool round_skipped = false;
       for (std::int64_t h = 0; h < H && step < total_steps; ++h) {
         if (fault_step == step + 1 && fault_replica == replica_) trainer.inject_nan_next_step();
@@ -312,7 +329,7 @@ class Run {
                         " replica(s) with a non-finite gradient left out of the average");
         progress.step(step, st.loss, tps,
                       static_cast<double>(total_steps - step) * train_seconds / static_cast<double>(trained_here));
-        if (o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
+        if (!rounds && o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
         if (!rounds) {
           if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && step < total_steps)
             save(trainer, step, total_steps, progress);
@@ -325,11 +342,17 @@ class Run {
       // its pseudo-gradient is marked non-finite, the round protocol leaves it out on
       // every replica and reports it, and the replica rebases onto the global model.
       if (round_skipped) model.param(model.tensors().front())[0] = std::numeric_limits<float>::quiet_NaN();
+      if (dump) dump->write(round_index, model);
+      ++round_index;
       const double t0 = now_seconds();
       const dilocox::RoundStats rs = sync->end_round();
       train_seconds += now_seconds() - t0;
       refresh_tied();
       round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
+      if (o_.eval_every > 0 && step - last_eval_step >= o_.eval_every && step < total_steps) {
+        evaluate(step);
+        last_eval_step = step;
+      }
       if (o_.checkpoint_every > 0 && step - last_checkpoint >= o_.checkpoint_every && step < total_steps) {
         save(trainer, step, total_steps, progress);
         last_checkpoint = step;

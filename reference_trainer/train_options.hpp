@@ -85,6 +85,7 @@ inline const CLI::Validator non_negative = number_above(0, true);
 inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv) {
   TrainOptions o;
   CLI::App app{"dilocox-train: the dilocox reference GPT trainer (CPU, Eigen; MPI pipeline stages)"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--model", o.model, "preset: tiny, small, medium (opt-1.3b, qwen1.5-107b: shapes for planning)")
       ->capture_default_str()->check(CLI::IsMember(gpt_preset_names()));
   app.add_option("--layers", o.layers, "override the preset's number of layers")->check(CLI::Range(1, 4096));

@@ -2,9 +2,10 @@
 # Installs the Debian packages dilocox needs, skipping those already installed
 # (apt-get update runs only when something is missing).
 #   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen,
-#                                    GoogleTest, Google Benchmark, Open MPI, clang (fuzzing)
+#                                    GoogleTest, Google Benchmark, Open MPI, clang (fuzzing),
+#                                    CLI11, nlohmann-json, python3 and gnuplot (demo table, plots)
 #   scripts/install_deps.sh --bench  also what the side-by-side benchmarks use:
-#                                    PyTorch and numpy (Debian's), gnuplot
+#                                    PyTorch and numpy (Debian's)
 #   scripts/install_deps.sh --print  lists the packages and exits
 # Does not install CUDA (optional; CMake detects nvcc).
 set -euo pipefail
@@ -14,8 +15,9 @@ packages=(
   libeigen3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
+  python3 gnuplot-nox
 )
-bench_packages=(python3-torch python3-numpy gnuplot-nox)
+bench_packages=(python3-torch python3-numpy)
 
 case "${1:-}" in
   "") ;;
