@@ -48,7 +48,9 @@ struct SyncOptions {
   SyncKind kind = SyncKind::dilocox;
   int bits = 0;             // 0: the mode's default (diloco 8, cocktail and dilocox 4); 32/16/8/4
   int rank = 8;             // dilocox: initial rank r0
+  int max_rank = 16;        // dilocox adaptive: r_max
   int local_steps = 20;     // H0
+  int max_local_steps = 500;  // dilocox adaptive: H_max
   bool overlap = true;      // dilocox: one-step-delay
   bool adaptive = true;     // dilocox: adaptive rank and H
   Rebase rebase = Rebase::keep;
@@ -107,6 +109,9 @@ class ClusterSync {
         c.lowrank.rank = o.rank;
         c.lowrank.factor_quant.bits = bits;
         c.lowrank.adaptive = o.adaptive;
+        c.lowrank.adaptive_config.r_max = std::max(o.max_rank, o.rank);
+        c.lowrank.adaptive_config.h_max = std::max(o.max_local_steps, o.local_steps);
+        c.lowrank.adaptive_config.h_min = std::min(c.lowrank.adaptive_config.h_min, o.local_steps);
         break;
       case SyncKind::allreduce:
         break;

@@ -99,7 +99,9 @@ SyncOptions resolve_sync(const TrainOptions& o) {
       throw UsageError("--bits " + std::to_string(s.bits) + ": --sync " + o.sync + " quantizes to 4 or 8 bits");
   }
   s.rank = o.rank;
+  s.max_rank = o.max_rank;
   s.local_steps = o.local_steps;
+  s.max_local_steps = o.max_local_steps;
   s.overlap = !o.no_overlap;
   s.adaptive = !o.no_adaptive;
   s.rebase = o.rebase == "keep" ? dilocox::Rebase::keep

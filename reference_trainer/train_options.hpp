@@ -42,11 +42,13 @@ struct TrainOptions {
   std::string sync = "dilocox";
   int bits = 0;                     // 0: the mode's default
   int rank = 8;
+  int max_rank = 16;                // adaptive: r_max (measured: 16 beat 64 at this scale)
   int local_steps = 20;
+  int max_local_steps = 500;        // adaptive: H_max
   bool no_overlap = false, no_adaptive = false;
   std::string rebase = "keep";
-  // Measured defaults (docs/RESULTS.md, the DiLoCoX knobs): momentum 0.5 beat 0.9 and
-  // 0.7 with the one-step delay (0.9 drifts at low rank); r0 8 and H0 20 with adaptive rank.
+  // Measured defaults (docs/RESULTS.md, "Choosing the DiLoCoX defaults"): momentum 0.5
+  // beat 0.9 and 0.7 with the one-step delay; r0 8, r_max 16 and H0 20 with adaptive rank.
   float outer_lr = 0.7f, outer_momentum = 0.5f;
   std::string wan_bandwidth = "1Gbps", wan_latency = "0";
   std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
@@ -139,6 +141,10 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   app.add_option("--rank", o.rank, "dilocox: initial low rank r0")->capture_default_str()
       ->check(CLI::Range(1, 1024))->group(g);
   app.add_option("--local-steps", o.local_steps, "H0: inner steps per outer round")->capture_default_str()
+      ->check(CLI::Range(1, 1000000))->group(g);
+  app.add_option("--max-rank", o.max_rank, "dilocox adaptive: largest rank")->capture_default_str()
+      ->check(CLI::Range(1, 4096))->group(g);
+  app.add_option("--max-local-steps", o.max_local_steps, "dilocox adaptive: largest H")->capture_default_str()
       ->check(CLI::Range(1, 1000000))->group(g);
   app.add_flag("--no-overlap", o.no_overlap, "dilocox: wait for each round's reduction (no one-step delay)")->group(g);
   app.add_flag("--no-adaptive", o.no_adaptive, "dilocox: fixed rank and H")->group(g);

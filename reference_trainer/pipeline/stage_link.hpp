@@ -3,9 +3,10 @@
 // activations forward, their gradients backward, the tied-embedding gradient between
 // the first and the last stage, and small reductions of step statistics. Sends are
 // non-blocking from copies (one buffer per activation slot), receives block; counts
-// and datatypes come from the spans. Errors become dilocox::Error.
+// come from the spans (every message is float). Errors become dilocox::Error.
 #pragma once
 
+#include <dilocox/comm/mpi.hpp>
 #include <dilocox/config.hpp>
 
 #include <mpi.h>
@@ -18,19 +19,7 @@
 namespace dilocox::trainer {
 
 namespace detail {
-inline void mpi_ok(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  throw Error(std::string("StageLink: ") + what + ": " + std::string(msg, static_cast<std::size_t>(len)));
-}
-template <class T>
-MPI_Datatype mpi_datatype();
-template <>
-inline MPI_Datatype mpi_datatype<float>() { return MPI_FLOAT; }
-template <>
-inline MPI_Datatype mpi_datatype<double>() { return MPI_DOUBLE; }
+inline void mpi_ok(int rc, const char* what) { dilocox::detail::mpi_check(rc, what, "StageLink"); }
 template <class T>
 int mpi_count(std::span<T> s) {
   dilocox::detail::require(s.size() <= static_cast<std::size_t>(INT32_MAX), "StageLink", "message too large");

@@ -39,12 +39,13 @@ MPI_Datatype mpi_type() {
   else static_assert(sizeof(T) == 0, "no MPI datatype for this element type");
 }
 
-inline void mpi_check(int rc, const char* what) {
+// Throws Error("<owner>::<what>: <MPI's message>") unless rc is MPI_SUCCESS.
+inline void mpi_check(int rc, const char* what, const char* owner = "MpiCommunicator") {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, text, &len);
-  throw Error(std::string("MpiCommunicator::") + what + ": " + std::string(text, static_cast<std::size_t>(len)));
+  throw Error(std::string(owner) + "::" + what + ": " + std::string(text, static_cast<std::size_t>(len)));
 }
 
 inline constexpr std::size_t mpi_max_count = INT_MAX;
