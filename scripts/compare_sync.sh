@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The four synchronization modes side by side (issue 5's main demo, part of demo.sh):
-# 2 clusters of the `tiny` GPT on the Brown corpus, the same token budget for each,
+# 2 clusters of the `tiny` GPT on the Brown corpus, 600k tokens each (--quick: 100k),
 # joined by an emulated 10 Mbit/s link (20 ms latency) on which AllReduce spends most
 # of its time communicating; then DiLoCoX again on an unthrottled link, to show how
 # much of the slow link it hides. Prints a table and writes PNG plots of eval loss vs
@@ -9,7 +9,7 @@
 # Expects a build (build/reference_trainer/dilocox-train) and data/brown.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tokens=400000 eval_every=25
+tokens=600000 eval_every=30
 if [[ ${1:-} == --quick ]]; then tokens=100000 eval_every=10; shift; fi
 out=out/compare
 rm -rf $out && mkdir -p $out

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The README's main demo, from nothing: installs what is missing, builds, fetches and
 # prepares the Brown corpus (scripts/prepare_data.sh), then
-#   1. trains the `small` GPT (4.2M parameters) with dilocox-train, 2 pipeline stages
+#   1. trains the `small` GPT (4.2M parameters, 200k tokens) with dilocox-train, 2 pipeline stages
 #      under mpirun, showing the progress line, evaluations and the JSON summary;
 #   2. runs the four synchronization modes (AllReduce, DiLoCo, CocktailSGD, DiLoCoX) on
 #      2 clusters of `tiny` over an emulated 10 Mbit/s link, at the same token budget,
 #      and prints the comparison table and writes PNG plots (scripts/compare_sync.sh).
-# About 10 minutes on 2 cores once installed; --quick about 3.
+# About 10 minutes on 2 cores once installed (AllReduce alone takes 6.5 on the slow link);
+# --quick about 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=()
-small_tokens=300000
+small_tokens=200000
 case "${1:-}" in
   "") ;;
   --quick) quick=(--quick) small_tokens=40000 ;;
