@@ -76,10 +76,7 @@ class ClusterSync {
     std::vector<NamedTensor> params;
     for (const auto& t : model.tensors()) {
       if (t.name == "wte" && !sync_tied) continue;
-      Shape shape;
-      shape.rank = t.shape.size();
-      for (std::size_t d = 0; d < t.shape.size(); ++d) shape.dims[d] = static_cast<std::size_t>(t.shape[d]);
-      params.push_back({t.name, shape, model.param(t)});
+      params.push_back({t.name, t.dims(), model.param(t)});
       synced_.push_back(model.param(t));
       stage_floats_ += t.numel();
     }
@@ -171,10 +168,9 @@ class ClusterSync {
     } else {
       h = checksum64(std::as_bytes(std::span<const float>(model_->params())));
     }
-    std::uint64_t lo = h, hi = h;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, control_.comm());
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, control_.comm());
-    return lo == hi;
+    std::uint64_t v[2] = {h, ~h};  // min of ~h = ~(max of h): one reduction gives both ends
+    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, control_.comm());
+    return v[0] == ~v[1];
   }
 
   // The outer loop's state and this object's counters, for checkpoints.

@@ -111,8 +111,8 @@ inline double round_wire_bytes(const PlanInput& in, SyncKind kind, int s, int sh
     case SyncKind::allreduce:
       return static_cast<double>(ring_allreduce_cost(n * 4, K).bytes);
     case SyncKind::diloco: {
-      const double p = bits == 32   ? 96.0 + 4.0 * total
-                       : bits == 16 ? 96.0 + 2.0 * total
+      const double p = bits == 32   ? payload_bytes(PayloadKind::dense_f32, n, {})
+                       : bits == 16 ? payload_bytes(PayloadKind::dense_f16, n, {})
                                     : payload_bytes(PayloadKind::quantized, n, {.bits = bits, .block = 128});
       return static_cast<double>(ring_allgather_cost(static_cast<std::uint64_t>(p), K).bytes);
     }

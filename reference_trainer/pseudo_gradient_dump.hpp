@@ -36,9 +36,7 @@ class PseudoGradientDump {
       const auto phi = model.param(t);
       delta.resize(phi.size());
       for (std::size_t i = 0; i < phi.size(); ++i) delta[i] = anchor_[t.offset + i] - phi[i];
-      Shape shape;
-      for (int d : t.shape) shape.dims[shape.rank++] = static_cast<std::size_t>(d);
-      const PayloadHeader h{PayloadKind::dense_f32, shape, {}, 0};
+      const PayloadHeader h{PayloadKind::dense_f32, t.dims(), {}, 0};
       const std::size_t at = out.size();
       out.resize(at + payload_size(h, t.name));
       write_payload(h, t.name, std::as_bytes(std::span<const float>(delta)), std::span(out).subspan(at));

@@ -51,22 +51,33 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
-  TrainShape s;
-  s.model = gpt_preset(o.model);
-  if (o.layers || o.embd || o.heads) s.model.name = o.model + "-custom";
-  if (o.layers) s.model.n_layer = o.layers;
-  if (o.embd) s.model.n_embd = o.embd;
-  if (o.heads) s.model.n_head = o.heads;
-  if (o.vocab) s.model.vocab = o.vocab;
-  if (s.model.vocab < data_vocab)
-    throw UsageError("the data's vocabulary (" + std::to_string(data_vocab) + ") is larger than the model's (" +
-                     std::to_string(s.model.vocab) + "): raise --vocab");
+// The preset with the explicit dimensions applied, validated (for training and --plan).
+GptConfig resolve_model(const TrainOptions& o) {
+  GptConfig m = gpt_preset(o.model);
+  if (o.layers || o.embd || o.heads) m.name = o.model + "-custom";
+  if (o.layers) m.n_layer = o.layers;
+  if (o.embd) m.n_embd = o.embd;
+  if (o.heads) m.n_head = o.heads;
+  if (o.vocab) m.vocab = o.vocab;
   try {
-    s.model.validate();
+    m.validate();
   } catch (const dilocox::Error& e) {
     throw UsageError(e.what());
   }
+  return m;
+}
+
+// --micro-batches, or 1 on one stage and 2 x stages (at most the batch) otherwise.
+int micro_batches_of(const TrainOptions& o) {
+  return o.micro_batches ? o.micro_batches : (o.stages == 1 ? 1 : std::min(o.batch, 2 * o.stages));
+}
+
+TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
+  TrainShape s;
+  s.model = resolve_model(o);
+  if (s.model.vocab < data_vocab)
+    throw UsageError("the data's vocabulary (" + std::to_string(data_vocab) + ") is larger than the model's (" +
+                     std::to_string(s.model.vocab) + "): raise --vocab");
   if (!s.model.trainable())
     throw UsageError("--model " + o.model + " is a planning shape (grouped-query attention); train tiny, small or medium");
   s.stages = o.stages;
@@ -82,7 +93,7 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
     throw UsageError("--seq-len " + std::to_string(s.seq_len) + " exceeds the model's context of " +
                      std::to_string(s.model.max_seq));
   s.batch = o.batch;
-  s.micro_batches = o.micro_batches ? o.micro_batches : (s.stages == 1 ? 1 : std::min(o.batch, 2 * s.stages));
+  s.micro_batches = micro_batches_of(o);
   if (s.batch % s.micro_batches != 0)
     throw UsageError("--batch " + std::to_string(s.batch) + " is not divisible by " +
                      std::to_string(s.micro_batches) + " micro-batches");
@@ -168,23 +179,14 @@ double sum_over(MPI_Comm comm, double v) {
 // --plan: arithmetic only, on rank 0; no data, no training.
 int run_plan(const TrainOptions& o) {
   PlanInput in;
-  try {
-    in.model = gpt_preset(o.model);
-    if (o.layers) in.model.n_layer = o.layers;
-    if (o.embd) in.model.n_embd = o.embd;
-    if (o.heads) in.model.n_head = o.heads;
-    if (o.vocab) in.model.vocab = o.vocab;
-    in.model.validate();
-  } catch (const dilocox::Error& e) {
-    throw UsageError(e.what());
-  }
+  in.model = resolve_model(o);
   in.params_override = static_cast<std::int64_t>(o.params);
   in.clusters = o.clusters;
   in.stages = o.stages;
   in.shards = o.shards;
   in.batch = o.batch;
   in.seq_len = o.seq_len ? o.seq_len : in.model.max_seq;
-  in.micro_batches = o.micro_batches ? o.micro_batches : (o.stages == 1 ? 1 : std::min(o.batch, 2 * o.stages));
+  in.micro_batches = micro_batches_of(o);
   in.sync = resolve_sync(o);
   in.rank_flops = o.rank_flops;
   in.gpu_memory = o.gpu_memory_gb * 1e9;

@@ -138,12 +138,15 @@ class CorruptingComm : public dx::AsyncCollectives<CorruptingComm> {
 };
 static_assert(dx::Communicator<CorruptingComm>);
 
-TEST(Reducer, CorruptedPayloadIsAnErrorNamingTheChecksum) {
+// Every rank's error message (empty: no error) when 3 ranks reduce n ones through a
+// communicator that corrupts what rank `victim` receives.
+std::vector<std::string> corrupted_mean_errors(int victim, dx::Codec codec, dx::ReduceAlgorithm algorithm,
+                                               std::size_t n) {
   std::vector<std::string> err(3);
   run_ranks(3, [&](dx::ThreadCommunicator& c) {
-    CorruptingComm bad(c, 1);
-    dx::CompressedReducer red(bad, {dx::Encoding::quantized, {.bits = 4, .block = 64}}, dx::ReduceAlgorithm::allgather);
-    std::vector<float> x(1000, 1.0f), mean(1000);
+    CorruptingComm bad(c, victim);
+    dx::CompressedReducer red(bad, codec, algorithm);
+    std::vector<float> x(n, 1.0f), mean(n);
     const std::vector<std::uint8_t> all = {1, 1, 1};
     try {
       red.mean(x, all, mean, 0);
@@ -151,22 +154,18 @@ TEST(Reducer, CorruptedPayloadIsAnErrorNamingTheChecksum) {
       err[c.rank()] = e.what();
     }
   });
+  return err;
+}
+
+TEST(Reducer, CorruptedPayloadIsAnErrorNamingTheChecksum) {
+  const auto err = corrupted_mean_errors(1, {dx::Encoding::quantized, {.bits = 4, .block = 64}},
+                                         dx::ReduceAlgorithm::allgather, 1000);
   EXPECT_THAT(err[1], HasSubstr("checksum"));  // the rank that received bad bytes
 }
 
 TEST(Reducer, CorruptedRingHopFailsOnEveryRankWithoutHanging) {
-  std::vector<std::string> err(3);
-  run_ranks(3, [&](dx::ThreadCommunicator& c) {
-    CorruptingComm bad(c, 2);
-    dx::CompressedReducer red(bad, {dx::Encoding::quantized, {.bits = 8, .block = 64}}, dx::ReduceAlgorithm::ring);
-    std::vector<float> x(3000, 1.0f), mean(3000);
-    const std::vector<std::uint8_t> all = {1, 1, 1};
-    try {
-      red.mean(x, all, mean, 0);
-    } catch (const dx::Error& e) {
-      err[c.rank()] = e.what();
-    }
-  });
+  const auto err = corrupted_mean_errors(2, {dx::Encoding::quantized, {.bits = 8, .block = 64}},
+                                         dx::ReduceAlgorithm::ring, 3000);
   for (int r = 0; r < 3; ++r) EXPECT_THAT(err[r], HasSubstr("rank 2 rejected the payload from rank 1")) << r;
   EXPECT_THAT(err[2], HasSubstr("checksum"));
 }

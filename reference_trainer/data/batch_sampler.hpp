@@ -28,9 +28,9 @@ class BatchSampler {
   void fill(std::uint64_t first, std::size_t count, std::span<std::int32_t> inputs,
             std::span<std::int32_t> targets) const {
     const std::uint64_t windows = shard_->tokens.size() - static_cast<std::size_t>(T_);
+    const std::uint32_t k = counter_key(key_, 0);
     for (std::size_t j = 0; j < count; ++j) {
       const std::uint64_t g = first + j;
-      const std::uint32_t k = counter_key(key_, 0);
       const std::uint64_t r = (static_cast<std::uint64_t>(counter_bits(k, 2 * g)) << 32) | counter_bits(k, 2 * g + 1);
       copy_window(r % windows, j, inputs, targets);
     }

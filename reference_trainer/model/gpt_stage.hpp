@@ -11,6 +11,7 @@
 #include "model/gpt_config.hpp"
 
 #include <dilocox/random.hpp>
+#include <dilocox/tensor.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -30,6 +31,12 @@ struct ParamTensor {
     std::size_t n = 1;
     for (int d : shape) n *= static_cast<std::size_t>(d);
     return n;
+  }
+  // The library's Shape (for OuterLoop tensors and wire payloads).
+  Shape dims() const {
+    Shape s;
+    for (int d : shape) s.dims[s.rank++] = static_cast<std::size_t>(d);
+    return s;
   }
 };
 
@@ -160,8 +167,8 @@ class GptStage {
     return cpu::softmax_cross_entropy(s.logits.data(), s.losses.data(), targets, N, cfg_.vocab);
   }
 
-  // Logits of the last forward on the last stage (B, T, V); they are probabilities
-  // after forward (the loss turns them in place). For tests: call logits_only().
+  // The last forward's softmax probabilities on the last stage (B, T, V): the loss turns
+  // the logits into them in place (tests compare them with softmax of reference logits).
   std::span<const T> probabilities(int slot) const { return slots_.at(static_cast<std::size_t>(slot)).logits; }
   std::span<const T> token_losses(int slot) const { return slots_.at(static_cast<std::size_t>(slot)).losses; }
 
