@@ -32,9 +32,37 @@ struct LowRankConfig {
   float epsilon = 1e-8f;     // a column with norm <= epsilon after orthogonalization is replaced
 };
 
+namespace detail {
+using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The right factor q (cols, r0) resized to rank r: shrinking rotates it onto its
+// singular directions and keeps the r largest; growing appends standard normal columns
+// drawn from `seed` (advancing `draws`). Shared by the host and device projectors.
+inline RowMatrixF resized_factor(const RowMatrixF& q, int r, std::uint64_t seed, std::uint64_t& draws) {
+  const auto r0 = static_cast<int>(q.cols());
+  const auto cols = static_cast<std::uint64_t>(q.rows());
+  RowMatrixF src = q;
+  if (r < r0) {
+    Eigen::MatrixXd g = (q.transpose() * q).cast<double>();
+    Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(g);
+    const Eigen::MatrixXf v = es.eigenvectors().rowwise().reverse().leftCols(r).cast<float>();
+    src = (q * v).eval();
+  }
+  RowMatrixF out = RowMatrixF::Zero(q.rows(), r);
+  out.leftCols(std::min(r0, r)) = src.leftCols(std::min(r0, r));
+  for (int j = r0; j < r; ++j)
+    for (std::uint64_t i = 0; i < cols; ++i)
+      out(static_cast<Eigen::Index>(i), j) = counter_normal(seed, (++draws) * cols + i);
+  return out;
+}
+}  // namespace detail
+
 class PowerIterationProjector {
  public:
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  // Salts of the random streams (the device projector draws the same numbers).
+  static constexpr std::uint64_t replacement_salt = 0x5a17b9e3c1d2f4a6ULL;
+  static constexpr std::uint64_t growth_salt = 0x2b7e151628aed2a6ULL;
 
   PowerIterationProjector(std::size_t rows, std::size_t cols, LowRankConfig config)
       : rows_(rows), cols_(cols), config_(config) {
@@ -122,19 +150,9 @@ class PowerIterationProjector {
   void set_rank(int r) {
     r = checked_rank(r);
     if (r == rank_) return;
-    RowMatrix q = q_;
-    if (r < rank_) {  // rotate Q onto its singular directions, largest first
-      Eigen::MatrixXd g = (q.transpose() * q).cast<double>();
-      Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(g);
-      const Eigen::MatrixXf v = es.eigenvectors().rowwise().reverse().leftCols(r).cast<float>();
-      q = (q * v).eval();
-    }
-    const int old = rank_;
+    RowMatrix q = detail::resized_factor(q_, r, config_.seed ^ growth_salt, draws_);
     resize(r);
-    q_.leftCols(std::min(old, r)) = q.leftCols(std::min(old, r));
-    for (int j = old; j < r; ++j)
-      for (std::size_t i = 0; i < cols_; ++i)
-        q_(static_cast<Eigen::Index>(i), j) = counter_normal(config_.seed ^ growth_salt, (++draws_) * cols_ + i);
+    q_ = q;
     config_.rank = r;
   }
 
@@ -162,8 +180,6 @@ class PowerIterationProjector {
 
  private:
   static constexpr float dependent_fraction = 1e-4f;  // of a column's norm that must survive
-  static constexpr std::uint64_t replacement_salt = 0x5a17b9e3c1d2f4a6ULL;
-  static constexpr std::uint64_t growth_salt = 0x2b7e151628aed2a6ULL;
 
   int checked_rank(int r) const {
     const std::size_t limit = std::min(rows_, cols_);

@@ -32,9 +32,9 @@ struct MatrixView {
     return data[r * cols + c];
   }
   // A MatrixView<T> converts to MatrixView<const T>.
-  constexpr operator MatrixView<const T, Space>() const
-    requires(!std::is_const_v<T>)
-  {
+  template <class U>
+    requires(std::is_same_v<U, const T> && !std::is_const_v<T>)
+  constexpr operator MatrixView<U, Space>() const {
     return {data, rows, cols};
   }
   std::span<T> span() const
@@ -80,6 +80,12 @@ template <class T, class Space = host_space>
 struct TensorView {
   T* data = nullptr;  // shape.numel() elements, row-major, in Space
   Shape shape;
+  // A TensorView<T> converts to TensorView<const T>.
+  template <class U>
+    requires(std::is_same_v<U, const T> && !std::is_const_v<T>)
+  constexpr operator TensorView<U, Space>() const {
+    return {data, shape};
+  }
 };
 
 // tensor_traits<T> tells how to see T as a contiguous tensor. Specialize it for your
