@@ -9,6 +9,7 @@
 
 #include "model/cpu/kernels.hpp"
 #include "model/gpt_config.hpp"
+#include "model/param_layout.hpp"
 
 #include <dilocox/random.hpp>
 #include <dilocox/tensor.hpp>
@@ -21,41 +22,19 @@
 
 namespace dilocox::trainer {
 
-struct ParamTensor {
-  std::string name;           // PyTorch-style, e.g. "h.3.attn.c_attn.weight"
-  int global_id = 0;          // position in the whole model's tensor list (stage-independent)
-  std::size_t offset = 0;     // into the stage's flat parameter buffer
-  std::vector<int> shape;
-  bool decay = false;         // AdamW weight decay: matrices yes, biases and norms no
-  std::size_t numel() const {
-    std::size_t n = 1;
-    for (int d : shape) n *= static_cast<std::size_t>(d);
-    return n;
-  }
-  // The library's Shape (for OuterLoop tensors and wire payloads).
-  Shape dims() const {
-    Shape s;
-    for (int d : shape) s.dims[s.rank++] = static_cast<std::size_t>(d);
-    return s;
-  }
-};
-
 template <class T>
 class GptStage {
  public:
   // micro_batch B sequences of seq_len tokens per micro-batch; slots = micro-batches in flight.
   GptStage(const GptConfig& cfg, int stages, int stage, int micro_batch, int seq_len, int slots)
-      : cfg_(cfg), stages_(stages), stage_(stage), B_(micro_batch), T_(seq_len) {
-    cfg.validate();
+      : cfg_(validated(cfg)), stages_(stages), stage_(stage), B_(micro_batch), T_(seq_len), layout_(cfg, stages, stage) {
     dilocox::detail::require(cfg.trainable(), "GptStage", cfg.name + " uses grouped-query attention: a planning shape only");
     dilocox::detail::require(seq_len >= 1 && seq_len <= cfg.max_seq, "GptStage",
                     "sequence length " + std::to_string(seq_len) + " must be in [1, " +
                         std::to_string(cfg.max_seq) + "] for this model");
     dilocox::detail::require(micro_batch >= 1 && slots >= 1, "GptStage", "micro-batch and slots must be >= 1");
-    range_ = stage_layers(cfg.n_layer, stages, stage);
-    build_tensor_list();
-    params_.assign(n_params_, T(0));
-    grads_.assign(n_params_, T(0));
+    params_.assign(layout_.size(), T(0));
+    grads_.assign(layout_.size(), T(0));
     if (first() && last()) head_dwte_.assign(static_cast<std::size_t>(cfg.vocab) * cfg.n_embd, T(0));
     slots_.resize(static_cast<std::size_t>(slots));
     for (auto& s : slots_) allocate(s);
@@ -72,7 +51,8 @@ class GptStage {
   bool last() const { return stage_ == stages_ - 1; }
   int stage() const { return stage_; }
   int stages() const { return stages_; }
-  StageRange layers() const { return range_; }
+  StageRange layers() const { return layout_.layers(); }
+  const ParamLayout& layout() const { return layout_; }
   const GptConfig& config() const { return cfg_; }
   std::size_t tokens_per_micro() const { return static_cast<std::size_t>(B_) * T_; }
   int slots() const { return static_cast<int>(slots_.size()); }
@@ -80,35 +60,16 @@ class GptStage {
   std::span<T> params() { return params_; }
   std::span<const T> params() const { return params_; }
   std::span<T> grads() { return grads_; }
-  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  const std::vector<ParamTensor>& tensors() const { return layout_.tensors(); }
   std::span<T> param(const ParamTensor& t) { return std::span<T>(params_).subspan(t.offset, t.numel()); }
   std::span<T> grad(const ParamTensor& t) { return std::span<T>(grads_).subspan(t.offset, t.numel()); }
   // The copy of wte this stage holds (first and/or last stage); empty otherwise.
   const ParamTensor* tied_embedding() const {
-    for (const auto& t : tensors_)
-      if (t.name == "wte") return &t;
-    return nullptr;
+    return layout_.wte() >= 0 ? &layout_.tensor(layout_.wte()) : nullptr;
   }
 
-  // GPT-2 initialization from a counter-based RNG keyed by (seed, global tensor id,
-  // element), so every stage layout draws the same model.
-  void init(std::uint64_t seed) {
-    const double std0 = 0.02, std_proj = 0.02 / std::sqrt(2.0 * cfg_.n_layer);
-    for (const auto& t : tensors_) {
-      auto p = param(t);
-      const bool is_norm_weight = t.name.ends_with("ln_1.weight") || t.name.ends_with("ln_2.weight") ||
-                                  t.name == "ln_f.weight";
-      if (is_norm_weight) {
-        std::fill(p.begin(), p.end(), T(1));
-      } else if (t.shape.size() == 1) {
-        std::fill(p.begin(), p.end(), T(0));
-      } else {
-        const double sd = t.name.ends_with("c_proj.weight") ? std_proj : std0;
-        const std::uint64_t key = seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(t.global_id);
-        for (std::size_t i = 0; i < p.size(); ++i) p[i] = static_cast<T>(sd * counter_normal(key, i));
-      }
-    }
-  }
+  // GPT-2 initialization (ParamLayout::init): every stage layout draws the same model.
+  void init(std::uint64_t seed) { layout_.init(std::span<T>(params_), seed); }
 
   void zero_grads() {
     std::fill(grads_.begin(), grads_.end(), T(0));
@@ -139,12 +100,12 @@ class GptStage {
       for (std::size_t i = 0; i < tokens_per_micro(); ++i)
         dilocox::detail::require(tokens[i] >= 0 && tokens[i] < cfg_.vocab, "GptStage::forward",
                         "token " + std::to_string(tokens[i]) + " outside the vocabulary");
-      cpu::embedding_forward(s.x.data(), tokens, p(wte_), p(wpe_), B_, T_, C);
+      cpu::embedding_forward(s.x.data(), tokens, p(layout_.wte()), p(layout_.wpe()), B_, T_, C);
     }
     const T* in = s.x.data();
     for (std::size_t l = 0; l < s.layers.size(); ++l) {
       auto& a = s.layers[l];
-      const auto& w = layer_tensors_[l];
+      const auto& w = layout_.layer_tensors()[l];
       cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(w.ln1w), p(w.ln1b), N, C);
       cpu::matmul_forward(a.qkv.data(), a.ln1.data(), p(w.qkvw), p(w.qkvb), N, C, 3 * C);
       cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH);
@@ -159,8 +120,8 @@ class GptStage {
       in = a.res3.data();
     }
     if (!last()) return 0.0;
-    cpu::layernorm_forward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), in, p(lnfw_), p(lnfb_), N, C);
-    cpu::matmul_forward(s.logits.data(), s.lnf.data(), p(wte_), static_cast<const T*>(nullptr), N, C, cfg_.vocab);
+    cpu::layernorm_forward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), in, p(layout_.lnfw()), p(layout_.lnfb()), N, C);
+    cpu::matmul_forward(s.logits.data(), s.lnf.data(), p(layout_.wte()), static_cast<const T*>(nullptr), N, C, cfg_.vocab);
     for (std::size_t i = 0; i < tokens_per_micro(); ++i)
       dilocox::detail::require(targets[i] >= 0 && targets[i] < cfg_.vocab, "GptStage::forward",
                       "target " + std::to_string(targets[i]) + " outside the vocabulary");
@@ -181,16 +142,16 @@ class GptStage {
     const T* top = s.layers.empty() ? s.x.data() : s.layers.back().res3.data();
     if (last()) {
       cpu::cross_entropy_backward(s.logits.data(), s.targets, N, cfg_.vocab, loss_scale);
-      T* dwte_head = first() ? head_dwte_.data() : g(wte_);
-      cpu::matmul_backward(dln_.data(), dwte_head, static_cast<T*>(nullptr), s.logits.data(), s.lnf.data(), p(wte_),
+      T* dwte_head = first() ? head_dwte_.data() : g(layout_.wte());
+      cpu::matmul_backward(dln_.data(), dwte_head, static_cast<T*>(nullptr), s.logits.data(), s.lnf.data(), p(layout_.wte()),
                            N, C, cfg_.vocab, /*overwrite_dx=*/true);
       std::fill(dres_.begin(), dres_.end(), T(0));
-      cpu::layernorm_backward(dres_.data(), g(lnfw_), g(lnfb_), dln_.data(), top, p(lnfw_), s.lnf_mean.data(),
+      cpu::layernorm_backward(dres_.data(), g(layout_.lnfw()), g(layout_.lnfb()), dln_.data(), top, p(layout_.lnfw()), s.lnf_mean.data(),
                               s.lnf_rstd.data(), N, C);
     }
     for (std::size_t l = s.layers.size(); l-- > 0;) {
       auto& a = s.layers[l];
-      const auto& w = layer_tensors_[l];
+      const auto& w = layout_.layer_tensors()[l];
       const T* in = l == 0 ? s.x.data() : s.layers[l - 1].res3.data();
       // res3 = res2 + c_proj(gelu(c_fc(ln_2(res2))))
       cpu::matmul_backward(dfch_.data(), g(w.fcprojw), g(w.fcprojb), dres_.data(), a.fch_gelu.data(), p(w.fcprojw), N,
@@ -209,7 +170,7 @@ class GptStage {
       cpu::layernorm_backward(dres_.data(), g(w.ln1w), g(w.ln1b), dln_.data(), in, p(w.ln1w), a.ln1_mean.data(),
                               a.ln1_rstd.data(), N, C);
     }
-    if (first()) cpu::embedding_backward(g(wte_), g(wpe_), dres_.data(), s.tokens, B_, T_, C);
+    if (first()) cpu::embedding_backward(g(layout_.wte()), g(layout_.wpe()), dres_.data(), s.tokens, B_, T_, C);
   }
 
   // After the last backward of a step: on a single-stage model, add the LM head's share
@@ -217,7 +178,7 @@ class GptStage {
   // pipeline's embedding + head sum across stages).
   void finish_backward() {
     if (head_dwte_.empty()) return;
-    T* d = g(wte_);
+    T* d = g(layout_.wte());
     for (std::size_t i = 0; i < head_dwte_.size(); ++i) d[i] = d[i] + head_dwte_[i];
   }
 
@@ -232,15 +193,11 @@ class GptStage {
     const std::int32_t* tokens = nullptr;
     const std::int32_t* targets = nullptr;
   };
-  struct LayerTensors {
-    int ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
-  };
-
   void allocate(Slot& s) {
     const std::size_t N = tokens_per_micro(), C = cfg_.n_embd, F = cfg_.ffn_hidden();
     const std::size_t att = static_cast<std::size_t>(B_) * cfg_.n_head * T_ * T_;
     s.x.assign(N * C, T(0));
-    s.layers.resize(static_cast<std::size_t>(range_.last - range_.first));
+    s.layers.resize(layout_.layer_tensors().size());
     for (auto& a : s.layers) {
       for (auto* v : {&a.ln1, &a.atty, &a.res2, &a.ln2, &a.res3}) v->assign(N * C, T(0));
       for (auto* v : {&a.ln1_mean, &a.ln1_rstd, &a.ln2_mean, &a.ln2_rstd}) v->assign(N, T(0));
@@ -258,55 +215,16 @@ class GptStage {
     }
   }
 
-  int add_tensor(const std::string& name, int global_id, std::vector<int> shape, bool decay) {
-    ParamTensor t{name, global_id, n_params_, std::move(shape), decay};
-    n_params_ += t.numel();
-    tensors_.push_back(std::move(t));
-    return static_cast<int>(tensors_.size()) - 1;
+  static const GptConfig& validated(const GptConfig& cfg) {
+    cfg.validate();
+    return cfg;
   }
-
-  // Global ids: wte 0, wpe 1, layer l tensor j at 2 + 12 l + j, ln_f 2 + 12 L and + 1.
-  void build_tensor_list() {
-    const int C = cfg_.n_embd, F = cfg_.ffn_hidden(), V = cfg_.vocab, L = cfg_.n_layer;
-    if (first()) {
-      wte_ = add_tensor("wte", 0, {V, C}, true);
-      wpe_ = add_tensor("wpe", 1, {cfg_.max_seq, C}, true);
-    }
-    for (int l = range_.first; l < range_.last; ++l) {
-      const std::string h = "h." + std::to_string(l) + ".";
-      const int g0 = 2 + 12 * l;
-      LayerTensors w{};
-      w.ln1w = add_tensor(h + "ln_1.weight", g0 + 0, {C}, false);
-      w.ln1b = add_tensor(h + "ln_1.bias", g0 + 1, {C}, false);
-      w.qkvw = add_tensor(h + "attn.c_attn.weight", g0 + 2, {3 * C, C}, true);
-      w.qkvb = add_tensor(h + "attn.c_attn.bias", g0 + 3, {3 * C}, false);
-      w.projw = add_tensor(h + "attn.c_proj.weight", g0 + 4, {C, C}, true);
-      w.projb = add_tensor(h + "attn.c_proj.bias", g0 + 5, {C}, false);
-      w.ln2w = add_tensor(h + "ln_2.weight", g0 + 6, {C}, false);
-      w.ln2b = add_tensor(h + "ln_2.bias", g0 + 7, {C}, false);
-      w.fcw = add_tensor(h + "mlp.c_fc.weight", g0 + 8, {F, C}, true);
-      w.fcb = add_tensor(h + "mlp.c_fc.bias", g0 + 9, {F}, false);
-      w.fcprojw = add_tensor(h + "mlp.c_proj.weight", g0 + 10, {C, F}, true);
-      w.fcprojb = add_tensor(h + "mlp.c_proj.bias", g0 + 11, {C}, false);
-      layer_tensors_.push_back(w);
-    }
-    if (last()) {
-      lnfw_ = add_tensor("ln_f.weight", 2 + 12 * L, {C}, false);
-      lnfb_ = add_tensor("ln_f.bias", 3 + 12 * L, {C}, false);
-      if (!first()) wte_ = add_tensor("wte", 0, {V, C}, true);
-    }
-  }
-
-  T* p(int i) { return params_.data() + tensors_[static_cast<std::size_t>(i)].offset; }
-  T* g(int i) { return grads_.data() + tensors_[static_cast<std::size_t>(i)].offset; }
+  T* p(int i) { return params_.data() + layout_.tensor(i).offset; }
+  T* g(int i) { return grads_.data() + layout_.tensor(i).offset; }
 
   GptConfig cfg_;
   int stages_, stage_, B_, T_;
-  StageRange range_;
-  std::vector<ParamTensor> tensors_;
-  std::vector<LayerTensors> layer_tensors_;
-  int wte_ = -1, wpe_ = -1, lnfw_ = -1, lnfb_ = -1;
-  std::size_t n_params_ = 0;
+  ParamLayout layout_;
   std::vector<T> params_, grads_;  // flat, in tensors_ order
   std::vector<T> head_dwte_;       // (V, C): the LM head's share of d(wte) on a single-stage model
   std::vector<Slot> slots_;
