@@ -53,7 +53,7 @@ void BM_TrainStep(benchmark::State& state, const std::string& preset) {
     benchmark::DoNotOptimize(model.forward(0, tokens.data(), targets.data()));
     model.backward(0, 1.0f / static_cast<float>(tokens.size()));
     model.finish_backward();
-    adam.step(model, opt, 1e-4f, 1.0f, ++t);
+    adam.step(model.params(), model.grads(), model.tensors(), opt, 1e-4f, 1.0f, ++t);
   };
   step();
   const auto t0 = std::chrono::steady_clock::now();

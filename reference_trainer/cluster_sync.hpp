@@ -7,7 +7,7 @@
 // one-step-delay overlap). Also the accounting the summary reports.
 #pragma once
 
-#include "model/gpt_stage.hpp"
+#include "model/stage_model.hpp"
 
 #include <dilocox/checksum.hpp>
 #include <dilocox/comm/mpi.hpp>
@@ -70,7 +70,7 @@ class ClusterSync {
   // stage_comm: the K replicas of this stage (rank = replica). sync_tied: whether this
   // stage's copy of the tied embedding takes part (the last stage's copy is refreshed
   // from the first stage's instead).
-  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, GptStage<float>& model, bool sync_tied, std::uint64_t seed)
+  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, StageModel& model, bool sync_tied, std::uint64_t seed)
       : o_(o), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
     if (o.kind == SyncKind::allreduce) return;
     std::vector<NamedTensor> params;
@@ -166,6 +166,7 @@ class ClusterSync {
     if (loop_) {
       for (std::size_t i = 0; i < loop_->tensor_count(); ++i) h ^= checksum64(std::as_bytes(loop_->global(i))) + i;
     } else {
+      model_->pull_params();
       h = checksum64(std::as_bytes(std::span<const float>(model_->params())));
     }
     std::uint64_t v[2] = {h, ~h};  // min of ~h = ~(max of h): one reduction gives both ends
@@ -234,7 +235,7 @@ class ClusterSync {
   MpiCommunicator mpi_;
   Control control_;
   WanLink link_;
-  GptStage<float>* model_;
+  StageModel* model_;
   std::optional<OuterLoop<WanLink>> loop_;
   std::vector<std::span<float>> synced_;  // the model's tensors the outer loop owns, in its order
   std::size_t stage_floats_ = 0;

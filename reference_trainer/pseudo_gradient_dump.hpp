@@ -5,7 +5,7 @@
 // examples/compress_tensors --from FILE compresses them every way the library can.
 #pragma once
 
-#include "model/gpt_stage.hpp"
+#include "model/stage_model.hpp"
 
 #include <dilocox/wire.hpp>
 
@@ -23,11 +23,11 @@ class PseudoGradientDump {
     std::filesystem::create_directories(dir_);
   }
 
-  void begin_round(const GptStage<float>& model) {
+  void begin_round(StageModel& model) {
     anchor_.assign(model.params().begin(), model.params().end());
   }
 
-  void write(std::uint64_t round, GptStage<float>& model) {
+  void write(std::uint64_t round, StageModel& model) {
     char name[64];
     std::snprintf(name, sizeof name, "round%04llu-stage%d.bin", static_cast<unsigned long long>(round), stage_);
     std::vector<std::byte> out;

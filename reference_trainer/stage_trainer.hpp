@@ -8,7 +8,7 @@
 #include "checkpoint.hpp"
 #include "data/batch_sampler.hpp"
 #include "model/adamw.hpp"
-#include "model/gpt_stage.hpp"
+#include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/stage_link.hpp"
 
@@ -27,6 +27,7 @@ struct TrainShape {
   int micro_batches = 1;   // batch / micro_batches sequences each
   int seq_len = 128;
   Schedule schedule = Schedule::one_f_one_b;
+  Backend backend;         // CPU, or CUDA in fp32 or bf16
   int micro_batch() const { return batch / micro_batches; }
   std::int64_t tokens_per_step() const { return std::int64_t{batch} * seq_len; }
 };
@@ -50,9 +51,9 @@ class StageTrainer {
         opt_config_(opt),
         link_(link),
         ops_(pipeline_schedule(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
-        model_(shape.model, shape.stages, link.stage(), shape.micro_batch(), shape.seq_len,
-               pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
-        adam_(model_.params().size()) {
+        owned_(make_stage_model(shape.backend, shape.model, shape.stages, link.stage(), shape.micro_batch(),
+                                shape.seq_len, pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches))),
+        model_(*owned_) {
     model_.init(seed);
     const auto n = static_cast<std::size_t>(shape.batch) * static_cast<std::size_t>(shape.seq_len);
     inputs_.resize(n);
@@ -60,12 +61,11 @@ class StageTrainer {
     stats_.resize(static_cast<std::size_t>(2 + 12 * shape.model.n_layer + 2) + 1);
   }
 
-  GptStage<float>& model() { return model_; }
+  StageModel& model() { return model_; }
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
   // Fault injection (tests): the next step's loss gradient is NaN on this stage, as a
   // batch with a NaN would make it (backward carries it to the other stages).
   void inject_nan_next_step() { inject_nan_ = true; }
-  AdamW& optimizer() { return adam_; }
   std::int64_t updates() const { return updates_; }
 
   // One optimizer step on sequences [step * batch, (step + 1) * batch) of the sampler.
@@ -92,26 +92,27 @@ class StageTrainer {
     }
     link_.wait_sends();
     model_.finish_backward();
-    if (const auto* wte = model_.tied_embedding()) link_.sum_tied(model_.grad(*wte));
+    if (const auto* wte = model_.tied_embedding(); wte && shape_.stages > 1) {
+      model_.pull_grads();
+      link_.sum_tied(model_.grad(*wte));
+      model_.push_grads();
+    }
     if (inject_nan_ && model_.last()) loss_sum = std::numeric_limits<double>::quiet_NaN();
     inject_nan_ = false;
     int contributors = 1;
     if (hook_) {
+      model_.pull_grads();
       bool finite = true;
       for (float g : model_.grads()) finite = finite && std::isfinite(g);
       contributors = hook_(model_.grads(), finite);
+      model_.push_grads();
     }
 
     // Squared norm per global tensor (the tied embedding once, on the first stage), the
     // loss, summed over stages; each entry has one contributor, so every stage layout
     // adds the same numbers in the same order.
     std::fill(stats_.begin(), stats_.end(), 0.0);
-    for (const auto& t : model_.tensors()) {
-      if (t.name == "wte" && !model_.first()) continue;
-      double s = 0;
-      for (float g : model_.grad(t)) s += static_cast<double>(g) * g;
-      stats_[static_cast<std::size_t>(t.global_id)] = s;
-    }
+    model_.grad_square_norms(stats_);
     stats_[stats_.size() - 1] = loss_sum;
     link_.allreduce_sum(stats_);
     double sq = 0;
@@ -123,7 +124,7 @@ class StageTrainer {
     out.lr = learning_rate(opt_config_, step, total_steps);
     out.contributors = contributors;
     out.skipped = contributors == 0 || !std::isfinite(out.grad_norm);
-    if (!out.skipped) adam_.step(model_, opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
+    if (!out.skipped) model_.adamw_step(opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
     return out;
   }
 
@@ -146,17 +147,22 @@ class StageTrainer {
     return v[0] / static_cast<double>(micro * B * T);
   }
 
-  void save(Checkpoint& c) const {
+  // The parameters and AdamW state (pulled to the host first).
+  void save(Checkpoint& c) {
+    model_.pull_params();
+    model_.pull_optimizer();
     c.put("params", std::span<const float>(model_.params()));
-    c.put("adamw.m", std::span<const float>(adam_.m()));
-    c.put("adamw.v", std::span<const float>(adam_.v()));
+    c.put("adamw.m", std::span<const float>(model_.adam_m()));
+    c.put("adamw.v", std::span<const float>(model_.adam_v()));
     const std::int64_t u[1] = {updates_};
     c.put("adamw.updates", std::span<const std::int64_t>(u));
   }
   void load(const Checkpoint& c) {
     c.get("params", model_.params());
-    c.get("adamw.m", adam_.m());
-    c.get("adamw.v", adam_.v());
+    c.get("adamw.m", model_.adam_m());
+    c.get("adamw.v", model_.adam_v());
+    model_.push_params();
+    model_.push_optimizer();
     std::int64_t u[1] = {0};
     c.get("adamw.updates", std::span<std::int64_t>(u));
     updates_ = u[0];
@@ -167,8 +173,8 @@ class StageTrainer {
   AdamWConfig opt_config_;
   StageLink& link_;
   std::vector<PipeOp> ops_;
-  GptStage<float> model_;
-  AdamW adam_;
+  std::unique_ptr<StageModel> owned_;
+  StageModel& model_;
   std::int64_t updates_ = 0;
   GradientHook hook_;
   bool inject_nan_ = false;

@@ -98,6 +98,8 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
     throw UsageError("--batch " + std::to_string(s.batch) + " is not divisible by " +
                      std::to_string(s.micro_batches) + " micro-batches");
   s.schedule = parse_schedule(o.schedule);
+  s.backend.device = o.device == "cuda" ? Device::cuda : Device::cpu;
+  s.backend.precision = o.precision == "fp32" ? Precision::fp32 : Precision::bf16;
   return s;
 }
 
@@ -222,6 +224,14 @@ class Run {
     const BatchSampler train_sampler(train, shape_.seq_len, o_.seed, /*stream=*/replica_);
     const BatchSampler val_sampler(val, shape_.seq_len, o_.seed, 0);
 
+    if (shape_.backend.device == Device::cuda) {  // one GPU per rank: the node-local rank's, unless --gpu
+      MPI_Comm node;
+      MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+      int local = 0;
+      MPI_Comm_rank(node, &local);
+      MPI_Comm_free(&node);
+      shape_.backend.gpu = o_.gpu >= 0 ? o_.gpu : local;
+    }
     MPI_Comm cluster, stage_comm;
     MPI_Comm_split(world_, replica_, stage, &cluster);
     MPI_Comm_split(world_, stage, replica_, &stage_comm);
@@ -231,6 +241,8 @@ class Run {
     prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(S) +
               (K > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(K) : "");
     auto& model = trainer.model();
+    // On the GPU the host copy of the parameters is moved explicitly: pulled before the
+    // outer loop, evaluation or a dump reads it, pushed after they write it.
     const auto* wte = model.tied_embedding();
     std::optional<ClusterSync> sync;
     if (K > 1) {
@@ -272,12 +284,17 @@ class Run {
     std::vector<float> saved;
     auto evaluate = [&](std::int64_t at) {
       if (rounds) {
+        model.pull_params();
         saved.assign(model.params().begin(), model.params().end());
         sync->load_global();
         if (wte && S > 1) link.copy_tied(model.param(*wte));
+        model.push_params();
       }
       last_eval = trainer.evaluate(val_sampler, static_cast<std::size_t>(o_.eval_sequences));
-      if (rounds) std::copy(saved.begin(), saved.end(), model.params().begin());
+      if (rounds) {
+        std::copy(saved.begin(), saved.end(), model.params().begin());
+        model.push_params();
+      }
       if (metrics.is_open())
         metrics << json{{"type", "eval"}, {"step", at}, {"tokens", at * step_tokens}, {"eval_loss", last_eval},
                         {"seconds", now_seconds() - t_start}}.dump()
@@ -306,6 +323,7 @@ class Run {
     install_signal_handlers();
     while (step < total_steps && !interrupted) {
       const std::int64_t H = rounds ? agreed_local_steps(*sync) : 1;
+      if (rounds || dump) model.pull_params();
       if (rounds) sync->begin_round();
       if (dump) dump->begin_round(model);
       bool round_skipped = false;
@@ -342,6 +360,7 @@ class Run {
         }
       }
       if (!rounds) continue;
+      model.pull_params();
       // A replica that had to skip a step for a non-finite gradient sits the round out:
       // its pseudo-gradient is marked non-finite, the round protocol leaves it out on
       // every replica and reports it, and the replica rebases onto the global model.
@@ -350,8 +369,9 @@ class Run {
       ++round_index;
       const double t0 = now_seconds();
       const dilocox::RoundStats rs = sync->end_round();
-      train_seconds += now_seconds() - t0;
       refresh_tied();
+      model.push_params();
+      train_seconds += now_seconds() - t0;
       round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
       if (o_.eval_every > 0 && step - last_eval_step >= o_.eval_every && step < total_steps) {
         evaluate(step);
@@ -364,8 +384,10 @@ class Run {
       interrupted = should_stop();
     }
     if (rounds && !interrupted) {
+      model.pull_params();
       const dilocox::RoundStats rs = sync->finish();
       refresh_tied();
+      model.push_params();
       if (rs.applied) round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
     }
     if (!interrupted) evaluate(step);
@@ -444,7 +466,7 @@ class Run {
                       " dropped (non-finite " + d.tensor + ")");
   }
 
-  void save(const StageTrainer& trainer, std::int64_t step, std::int64_t total_steps, ProgressLine& progress) {
+  void save(StageTrainer& trainer, std::int64_t step, std::int64_t total_steps, ProgressLine& progress) {
     Checkpoint c;
     trainer.save(c);
     if (sync_) {

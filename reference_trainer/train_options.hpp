@@ -26,6 +26,9 @@ struct TrainOptions {
   int micro_batches = 0;            // 0: 1 on one stage, 2 x stages otherwise
   int seq_len = 0;                  // 0: the model's context
   std::string schedule = "1f1b";
+  std::string device = "cpu";       // cpu or cuda
+  std::string precision = "bf16";   // CUDA compute type: bf16 or fp32 (master weights fp32)
+  int gpu = -1;                     // CUDA device; -1: MPI rank modulo the device count
   AdamWConfig adamw;
   std::uint64_t seed = 1;
   std::string data_dir = "data/brown";
@@ -107,6 +110,12 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
       ->check(CLI::Range(1, 1 << 20));
   app.add_option("--schedule", o.schedule, "pipeline schedule: 1f1b or gpipe")->capture_default_str()
       ->check(CLI::IsMember({"1f1b", "gpipe"}));
+  app.add_option("--device", o.device, "where the model runs: cpu, or cuda (cuBLAS + our kernels, one GPU per rank)")
+      ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--precision", o.precision, "CUDA compute type: bf16 or fp32 (master weights and AdamW are fp32)")
+      ->capture_default_str()->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--gpu", o.gpu, "CUDA device of this rank (default: rank modulo the device count)")
+      ->check(CLI::Range(0, 1023));
   app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()
       ->check(detail::positive);
   app.add_option("--warmup", o.adamw.warmup_steps, "linear warmup steps")->capture_default_str()

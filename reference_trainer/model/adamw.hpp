@@ -4,7 +4,7 @@
 // State (m, v) lives beside the parameters of one stage; nothing here communicates.
 #pragma once
 
-#include "model/gpt_stage.hpp"
+#include "model/param_layout.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -42,17 +42,18 @@ class AdamW {
  public:
   explicit AdamW(std::size_t n) : m_(n, 0.0f), v_(n, 0.0f) {}
 
-  // One update of the stage's parameters; t counts updates from 1.
-  void step(GptStage<float>& stage, const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) {
+  // One update of a stage's flat parameters from its gradients; t counts updates from 1.
+  void step(std::span<float> params, std::span<const float> grads, const std::vector<ParamTensor>& tensors,
+            const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) {
     const float b1t = 1.0f - static_cast<float>(std::pow(c.beta1, static_cast<double>(t)));
     const float b2t = 1.0f - static_cast<float>(std::pow(c.beta2, static_cast<double>(t)));
-    for (const auto& tensor : stage.tensors()) {
-      auto p = stage.param(tensor);
-      auto g = stage.grad(tensor);
+    for (const auto& tensor : tensors) {
+      float* p = params.data() + tensor.offset;
+      const float* g = grads.data() + tensor.offset;
       float* m = m_.data() + tensor.offset;
       float* v = v_.data() + tensor.offset;
       const float wd = tensor.decay ? c.weight_decay : 0.0f;
-      for (std::size_t i = 0; i < p.size(); ++i) {
+      for (std::size_t i = 0; i < tensor.numel(); ++i) {
         const float gi = g[i] * grad_scale;
         m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
         v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
