@@ -26,14 +26,11 @@ message(STATUS "dilocox: CUDA targets ${DILOCOX_CUDA}")
 
 # dilocox_cuda_flags: how our own CUDA sources compile (C++20 asked of nvcc directly:
 # CMake 3.25 has no cuda_std_20 feature for CUDA 13; nvcc warnings are errors).
-# dilocox_cuda_libs: the toolkit libraries the CUDA path links (runtime, cuBLAS, cuSOLVER).
 if(DILOCOX_CUDA AND NOT TARGET dilocox_cuda_flags)
   find_package(CUDAToolkit REQUIRED)
   add_library(dilocox_cuda_flags INTERFACE)
   target_compile_options(dilocox_cuda_flags INTERFACE
     $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 -Werror=all-warnings --expt-relaxed-constexpr>)
-  add_library(dilocox_cuda_libs INTERFACE)
-  target_link_libraries(dilocox_cuda_libs INTERFACE CUDA::cudart CUDA::cublas CUDA::cusolver)
 endif()
 
 # dilocox_nccl: NCCL from the toolkit's folders (or NCCL_ROOT), for NcclCommunicator.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what is missing, then builds and runs:
-#   1. the Release build (with the CUDA compile check for sm_90 when nvcc exists) and
-#      its tests (unit, threads, MPI, packaging, examples),
+#   1. the Release build (every CUDA target compiled for sm_90 when nvcc exists; their
+#      `gpu` tests skip without a device) and its tests (unit, threads, MPI, packaging,
+#      trainer, examples),
 #   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the threaded tests (communicators, reducers, OuterLoop) under ThreadSanitizer,
 #   4. the libFuzzer wire-decoder target for 60 s, when clang is present.
@@ -16,8 +17,15 @@ jobs=$(nproc)
 stage() { echo; echo "=== $* ==="; }
 
 stage "Release build and tests"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# With nvcc present every CUDA target must compile for sm_90 (the `gpu` tests then skip
+# without a device); DILOCOX_WITH_CUDA=ON makes a missing or broken toolchain an error.
+cuda=(-DDILOCOX_WITH_CUDA=AUTO)
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cuda=(-DDILOCOX_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90)
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${cuda[@]}" >/dev/null
 cmake --build build -j "$jobs"
+echo "CUDA sources compiled: $(ninja -C build -t targets all 2>/dev/null | grep -c '\.cu\.o:' || true) (${cuda[*]})"
 ctest --no-tests=error --test-dir build -j "$jobs" --output-on-failure
 
 stage "ASan + UBSan build and unit tests"

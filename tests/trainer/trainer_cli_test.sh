@@ -36,6 +36,19 @@ bad_flags)
   check --data-dir data --model tiny --vocab 32
   check --data-dir does/not/exist --model tiny
   check "${base[@]}" --stop-after 3
+  check "${base[@]}" --device tpu
+  check "${base[@]}" --precision fp8
+  # --device cuda: trains where a GPU is, else one line naming the problem and exit 1.
+  rc=0
+  "$train" "${base[@]}" --device cuda >out.txt 2>err.txt || rc=$?
+  if [[ $rc == 0 ]]; then
+    grep -q '"final_eval_loss":[0-9]' out.txt || fail "--device cuda ran without a final eval loss"
+    echo "ok: --device cuda trained: $(grep -o '"final_eval_loss":[^,]*' out.txt)"
+  else
+    [[ $rc == 1 && $(wc -l <err.txt) == 1 ]] || fail "--device cuda without a GPU: exit $rc, $(cat err.txt)"
+    grep -q 'cuda\|CUDA' err.txt || fail "--device cuda message: $(cat err.txt)"
+    echo "ok: --device cuda -> $(cat err.txt)"
+  fi
   ;;
 resume)
   "$train" "${common[@]}" --tokens 1536 --metrics straight.jsonl >straight.txt

@@ -1,6 +1,7 @@
 // dilocox/cuda/memory.hpp: owning buffers for the CUDA path: DeviceBuffer<T>
-// (cudaMalloc) and PinnedBuffer<T> (cudaMallocHost, for asynchronous copies and for
-// staging messages through host memory). Move-only RAII; sizes in elements. Host code.
+// (cudaMalloc), PinnedBuffer<T> (cudaMallocHost, for asynchronous copies and for
+// staging messages through host memory) and Stream. Move-only RAII; sizes in elements.
+// Host code.
 // Not here: views (MatrixView<T, cuda_space>, TensorView<T, cuda_space> in tensor.hpp).
 #pragma once
 
@@ -91,6 +92,25 @@ class PinnedBuffer {
  private:
   T* p_ = nullptr;  // (n_) page-locked host
   std::size_t n_ = 0;
+};
+
+// An owned non-blocking stream (destroyed after synchronizing).
+class Stream {
+ public:
+  Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "Stream", "cudaStreamCreate"); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() {
+    if (s_) {
+      cudaStreamSynchronize(s_);
+      cudaStreamDestroy(s_);
+    }
+  }
+  cudaStream_t get() const { return s_; }
+  void synchronize(const char* where) const { check(cudaStreamSynchronize(s_), where, "cudaStreamSynchronize"); }
+
+ private:
+  cudaStream_t s_ = nullptr;
 };
 
 // Asynchronous copies on `s` between spans of the same element count.

@@ -38,7 +38,8 @@ template <class Tc>
 class CudaStageModel final : public StageModel {
  public:
   CudaStageModel(const GptConfig& cfg, int stages, int stage, int micro_batch, int seq_len, int slots, int gpu)
-      : cfg_(cfg), layout_(cfg, stages, stage), B_(micro_batch), T_(seq_len), stream_(make_stream(gpu)), blas_(stream_) {
+      : cfg_(cfg), layout_(cfg, stages, stage), B_(micro_batch), T_(seq_len), device_(select_device(gpu)),
+        stream_(owned_stream_.get()), blas_(stream_) {
     cfg.validate();
     dilocox::detail::require(cfg.trainable(), "CudaStageModel", cfg.name + " uses grouped-query attention: a planning shape only");
     dilocox::detail::require(seq_len >= 1 && seq_len <= cfg.max_seq && micro_batch >= 1 && slots >= 1, "CudaStageModel",
@@ -83,12 +84,6 @@ class CudaStageModel final : public StageModel {
     losses_h_.resize(N);
     norms_.resize(layout_.tensors().size());
     norms_h_.resize(layout_.tensors().size());
-  }
-  ~CudaStageModel() override {
-    if (stream_) {
-      cudaStreamSynchronize(stream_);
-      cudaStreamDestroy(stream_);
-    }
   }
 
   const ParamLayout& layout() const override { return layout_; }
@@ -266,14 +261,13 @@ class CudaStageModel final : public StageModel {
     PinnedBuffer<float> input, output;  // (N, C) host: activations from / to the neighbouring stages
   };
 
-  static cudaStream_t make_stream(int gpu) {
+  // Makes device gpu % count current (before any member allocates); returns its index.
+  static int select_device(int gpu) {
     int count = 0;
     dilocox::cuda::check(cudaGetDeviceCount(&count), "--device cuda", "no usable CUDA device");
     dilocox::detail::require(count > 0, "--device cuda", "no CUDA device");
     dilocox::cuda::check(cudaSetDevice(gpu % count), where, "cudaSetDevice");
-    cudaStream_t s = nullptr;
-    dilocox::cuda::check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), where, "cudaStreamCreate");
-    return s;
+    return gpu % count;
   }
 
   static GemmTypes act_types() {
@@ -410,7 +404,9 @@ class CudaStageModel final : public StageModel {
   GptConfig cfg_;
   ParamLayout layout_;
   int B_, T_;
-  cudaStream_t stream_ = nullptr;
+  int device_;
+  dilocox::cuda::Stream owned_stream_;  // declared before everything that uses it: destroyed last
+  cudaStream_t stream_;
   BlasHandle blas_;
   Buf<float> params_, grads_, m_, v_;  // (P) fp32 master weights, gradients, AdamW moments
   Buf<Tc> params_c_;                   // (P) compute copy (bf16 only; fp32 uses params_)
