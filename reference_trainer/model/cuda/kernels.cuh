@@ -9,7 +9,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace dilocox::trainer::cuda_kernels {
 
