@@ -66,10 +66,21 @@ struct GemmTypes {
   cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
 };
 
+// The column-major call that computes a row-major product: C^T = op(B)^T op(A)^T, so
+// cuBLAS gets B first with the dimensions swapped. Separate so a host test can check it.
+struct ColumnMajorCall {
+  cublasOperation_t op_first, op_second;  // applied to B, then A
+  int m, n, k;                            // cuBLAS's m, n, k
+};
+inline ColumnMajorCall column_major_call(bool trans_a, bool trans_b, int m, int n, int k) {
+  return {trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k};
+}
+
 inline void gemm_rm(cublasHandle_t h, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const void* A,
                     int lda, const void* B, int ldb, float beta, void* C, int ldc, GemmTypes t, const char* where) {
-  check(cublasGemmEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, B,
-                     t.b, ldb, A, t.a, lda, &beta, C, t.c, ldc, t.compute, CUBLAS_GEMM_DEFAULT),
+  const ColumnMajorCall c = column_major_call(trans_a, trans_b, m, n, k);
+  check(cublasGemmEx(h, c.op_first, c.op_second, c.m, c.n, c.k, &alpha, B, t.b, ldb, A, t.a, lda, &beta, C, t.c, ldc,
+                     t.compute, CUBLAS_GEMM_DEFAULT),
         where, "cublasGemmEx");
 }
 
@@ -78,9 +89,9 @@ inline void gemm_rm_batched(cublasHandle_t h, bool trans_a, bool trans_b, int m,
                             const void* A, int lda, long long stride_a, const void* B, int ldb, long long stride_b,
                             float beta, void* C, int ldc, long long stride_c, int batch, GemmTypes t,
                             const char* where) {
-  check(cublasGemmStridedBatchedEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-                                   k, &alpha, B, t.b, ldb, stride_b, A, t.a, lda, stride_a, &beta, C, t.c, ldc,
-                                   stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT),
+  const ColumnMajorCall c = column_major_call(trans_a, trans_b, m, n, k);
+  check(cublasGemmStridedBatchedEx(h, c.op_first, c.op_second, c.m, c.n, c.k, &alpha, B, t.b, ldb, stride_b, A, t.a,
+                                   lda, stride_a, &beta, C, t.c, ldc, stride_c, batch, t.compute, CUBLAS_GEMM_DEFAULT),
         where, "cublasGemmStridedBatchedEx");
 }
 
