@@ -63,60 +63,37 @@ TEST(GemmRowMajor, EveryTransposePairWithPaddedStrides) {
     }
 }
 
+// Expects got (m, n), row stride ldc, == sum over l < k of a(i, l) * b(l, j).
+template <class A, class B>
+void expect_product(const std::vector<double>& got, int ldc, int m, int n, int k, A a, B b, const char* what) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double w = 0;
+      for (int l = 0; l < k; ++l) w += a(i, l) * b(l, j);
+      EXPECT_EQ(got[static_cast<std::size_t>(i) * ldc + j], w) << what << " at " << i << ", " << j;
+    }
+}
+
 // The call patterns of cuda/lowrank.cuh and model/cuda/cuda_stage_model.cu.
 TEST(GemmRowMajor, CallSitesComputeTheirProducts) {
+  auto el = [](const std::vector<double>& v, int ld) {
+    return [&v, ld](int i, int j) { return v[static_cast<std::size_t>(i) * ld + j]; };
+  };
+  auto tr = [](const std::vector<double>& v, int ld) {  // the transpose of stored v
+    return [&v, ld](int i, int j) { return v[static_cast<std::size_t>(j) * ld + i]; };
+  };
   const int R = 3, M = 6, Nn = 5;  // X (M, Nn), rank R
   const auto X = filled(static_cast<std::size_t>(M) * Nn, 3), Q = filled(static_cast<std::size_t>(Nn) * R, 4);
   const auto P = filled(static_cast<std::size_t>(M) * R, 5);
-  auto at = [](const std::vector<double>& v, int ld, int i, int j) { return v[static_cast<std::size_t>(i) * ld + j]; };
-  // left: P = X Q
-  auto got = via_mapping(false, false, M, R, Nn, X, Nn, Q, R, R);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < R; ++j) {
-      double w = 0;
-      for (int l = 0; l < Nn; ++l) w += at(X, Nn, i, l) * at(Q, R, l, j);
-      EXPECT_EQ(at(got, R, i, j), w);
-    }
-  // right: Q = X^T P
-  got = via_mapping(true, false, Nn, R, M, X, Nn, P, R, R);
-  for (int i = 0; i < Nn; ++i)
-    for (int j = 0; j < R; ++j) {
-      double w = 0;
-      for (int l = 0; l < M; ++l) w += at(X, Nn, l, i) * at(P, R, l, j);
-      EXPECT_EQ(at(got, R, i, j), w);
-    }
-  // reconstruct: out = P Q^T
-  got = via_mapping(false, true, M, Nn, R, P, R, Q, R, Nn);
-  for (int i = 0; i < M; ++i)
-    for (int j = 0; j < Nn; ++j) {
-      double w = 0;
-      for (int l = 0; l < R; ++l) w += at(P, R, i, l) * at(Q, R, j, l);
-      EXPECT_EQ(at(got, Nn, i, j), w);
-    }
-  // matmul forward out (N, OC) = x (N, IC) W^T with W (OC, IC); backward dW (OC, IC) = dout^T x
-  const int N = 4, IC = 3, OC = 5;
+  expect_product(via_mapping(false, false, M, R, Nn, X, Nn, Q, R, R), R, M, R, Nn, el(X, Nn), el(Q, R), "P = X Q");
+  expect_product(via_mapping(true, false, Nn, R, M, X, Nn, P, R, R), R, Nn, R, M, tr(X, Nn), el(P, R), "Q = X^T P");
+  expect_product(via_mapping(false, true, M, Nn, R, P, R, Q, R, Nn), Nn, M, Nn, R, el(P, R), tr(Q, R), "P Q^T");
+  const int N = 4, IC = 3, OC = 5;  // x (N, IC), W (OC, IC), dout (N, OC)
   const auto x = filled(static_cast<std::size_t>(N) * IC, 6), W = filled(static_cast<std::size_t>(OC) * IC, 7);
   const auto dout = filled(static_cast<std::size_t>(N) * OC, 8);
-  got = via_mapping(false, true, N, OC, IC, x, IC, W, IC, OC);
-  for (int i = 0; i < N; ++i)
-    for (int j = 0; j < OC; ++j) {
-      double w = 0;
-      for (int l = 0; l < IC; ++l) w += at(x, IC, i, l) * at(W, IC, j, l);
-      EXPECT_EQ(at(got, OC, i, j), w);
-    }
-  got = via_mapping(true, false, OC, IC, N, dout, OC, x, IC, IC);
-  for (int i = 0; i < OC; ++i)
-    for (int j = 0; j < IC; ++j) {
-      double w = 0;
-      for (int l = 0; l < N; ++l) w += at(dout, OC, l, i) * at(x, IC, l, j);
-      EXPECT_EQ(at(got, IC, i, j), w);
-    }
-  // dx (N, IC) = dout (N, OC) W (OC, IC)
-  got = via_mapping(false, false, N, IC, OC, dout, OC, W, IC, IC);
-  for (int i = 0; i < N; ++i)
-    for (int j = 0; j < IC; ++j) {
-      double w = 0;
-      for (int l = 0; l < OC; ++l) w += at(dout, OC, i, l) * at(W, IC, l, j);
-      EXPECT_EQ(at(got, IC, i, j), w);
-    }
+  expect_product(via_mapping(false, true, N, OC, IC, x, IC, W, IC, OC), OC, N, OC, IC, el(x, IC), tr(W, IC), "x W^T");
+  expect_product(via_mapping(true, false, OC, IC, N, dout, OC, x, IC, IC), IC, OC, IC, N, tr(dout, OC), el(x, IC),
+                 "dW = dout^T x");
+  expect_product(via_mapping(false, false, N, IC, OC, dout, OC, W, IC, IC), IC, N, IC, OC, el(dout, OC), el(W, IC),
+                 "dx = dout W");
 }
