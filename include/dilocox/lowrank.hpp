@@ -35,6 +35,28 @@ struct LowRankConfig {
 namespace detail {
 using RowMatrixF = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
+// The checks the host and device projectors share; `where` names the class.
+inline void check_projector_config(std::size_t rows, std::size_t cols, const LowRankConfig& c, const std::string& where) {
+  require(rows > 0 && cols > 0, where.c_str(),
+          "matrix must be non-empty, got " + std::to_string(rows) + " x " + std::to_string(cols));
+  require(std::isfinite(c.epsilon) && c.epsilon >= 0.0f, where.c_str(), "epsilon must be finite and >= 0");
+}
+inline int checked_projector_rank(std::size_t rows, std::size_t cols, int r, const std::string& where) {
+  const std::size_t limit = std::min(rows, cols);
+  require(r >= 1 && static_cast<std::size_t>(r) <= limit, where.c_str(),
+          "rank must be in [1, " + std::to_string(limit) + "] for a " + std::to_string(rows) + " x " +
+              std::to_string(cols) + " matrix, got " + std::to_string(r));
+  return r;
+}
+// An input or output matrix: present, and (rows, cols).
+template <class M>
+void check_projector_operand(const M& m, std::size_t rows, std::size_t cols, const std::string& where,
+                             const char* what) {
+  require(m.rows == rows && m.cols == cols && m.data != nullptr, where.c_str(),
+          std::string(what) + " is " + std::to_string(m.rows) + " x " + std::to_string(m.cols) + ", expected " +
+              std::to_string(rows) + " x " + std::to_string(cols));
+}
+
 // The right factor q (cols, r0) resized to rank r: shrinking rotates it onto its
 // singular directions and keeps the r largest; growing appends standard normal columns
 // drawn from `seed` (advancing `draws`). Shared by the host and device projectors.
@@ -66,10 +88,7 @@ class PowerIterationProjector {
 
   PowerIterationProjector(std::size_t rows, std::size_t cols, LowRankConfig config)
       : rows_(rows), cols_(cols), config_(config) {
-    detail::require(rows > 0 && cols > 0, "PowerIterationProjector",
-                    "matrix must be non-empty, got " + std::to_string(rows) + " x " + std::to_string(cols));
-    detail::require(std::isfinite(config.epsilon) && config.epsilon >= 0.0f, "PowerIterationProjector",
-                    "epsilon must be finite and >= 0");
+    detail::check_projector_config(rows, cols, config, "PowerIterationProjector");
     resize(checked_rank(config.rank));
     fill_random(q_, 0);
   }
@@ -116,9 +135,7 @@ class PowerIterationProjector {
 
   // out = P Q^T, (rows, cols) row-major.
   void reconstruct(MatrixView<float> out) const {
-    detail::require(out.rows == rows_ && out.cols == cols_, "PowerIterationProjector::reconstruct",
-                    "output is " + std::to_string(out.rows) + " x " + std::to_string(out.cols) +
-                        ", expected " + std::to_string(rows_) + " x " + std::to_string(cols_));
+    detail::check_projector_operand(out, rows_, cols_, "PowerIterationProjector::reconstruct", "output");
     Eigen::Map<RowMatrix>(out.data, rows_, cols_).noalias() = p_ * q_.transpose();
   }
 
@@ -181,13 +198,7 @@ class PowerIterationProjector {
  private:
   static constexpr float dependent_fraction = 1e-4f;  // of a column's norm that must survive
 
-  int checked_rank(int r) const {
-    const std::size_t limit = std::min(rows_, cols_);
-    detail::require(r >= 1 && static_cast<std::size_t>(r) <= limit, "PowerIterationProjector",
-                    "rank must be in [1, " + std::to_string(limit) + "] for a " + std::to_string(rows_) +
-                        " x " + std::to_string(cols_) + " matrix, got " + std::to_string(r));
-    return r;
-  }
+  int checked_rank(int r) const { return detail::checked_projector_rank(rows_, cols_, r, "PowerIterationProjector"); }
 
   void resize(int r) {
     rank_ = r;
@@ -219,10 +230,7 @@ class PowerIterationProjector {
   }
 
   void check_input(MatrixView<const float> x, const char* step) const {
-    detail::require(x.rows == rows_ && x.cols == cols_ && x.data != nullptr,
-                    (std::string("PowerIterationProjector::") + step).c_str(),
-                    "input is " + std::to_string(x.rows) + " x " + std::to_string(x.cols) + ", expected " +
-                        std::to_string(rows_) + " x " + std::to_string(cols_));
+    detail::check_projector_operand(x, rows_, cols_, std::string("PowerIterationProjector::") + step, "input");
   }
 
   Eigen::Map<const RowMatrix> map(MatrixView<const float> x) const {

@@ -40,14 +40,7 @@ template <Communicator C>
 class HostStaged : public AsyncCollectives<HostStaged<C>> {
  public:
   // `inner` must outlive this object. pass_through: give device pointers to `inner`.
-  explicit HostStaged(C& inner, bool pass_through = mpi_cuda_aware()) : inner_(inner), pass_through_(pass_through) {
-    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "HostStaged", "cudaStreamCreate");
-  }
-  HostStaged(const HostStaged&) = delete;
-  HostStaged& operator=(const HostStaged&) = delete;
-  ~HostStaged() {
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  explicit HostStaged(C& inner, bool pass_through = mpi_cuda_aware()) : inner_(inner), pass_through_(pass_through) {}
 
   int rank() const { return inner_.rank(); }
   int size() const { return inner_.size(); }
@@ -88,18 +81,18 @@ class HostStaged : public AsyncCollectives<HostStaged<C>> {
  private:
   void down(void* host, const void* device, std::size_t bytes) {
     if (bytes == 0) return;
-    cuda::check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), "HostStaged", "copy to host");
-    cuda::check(cudaStreamSynchronize(stream_), "HostStaged", "copy to host");
+    cuda::check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_.get()), "HostStaged", "copy to host");
+    stream_.synchronize("HostStaged");
   }
   void up(void* device, const void* host, std::size_t bytes) {
     if (bytes == 0) return;
-    cuda::check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), "HostStaged", "copy to device");
-    cuda::check(cudaStreamSynchronize(stream_), "HostStaged", "copy to device");
+    cuda::check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_.get()), "HostStaged", "copy to device");
+    stream_.synchronize("HostStaged");
   }
 
   C& inner_;
   bool pass_through_;
-  cudaStream_t stream_ = nullptr;
+  cuda::Stream stream_;
   cuda::PinnedBuffer<std::byte> send_, recv_;  // page-locked staging, grown to the largest message
 };
 

@@ -50,6 +50,17 @@ inline void mpi_check(int rc, const char* what, const char* owner = "MpiCommunic
 
 inline constexpr std::size_t mpi_max_count = INT_MAX;
 
+// One small allreduce on comm: every rank learns the smallest and largest n, and all
+// throw the same Error on a mismatch (instead of a truncated or hung collective).
+inline void agree_on_size(MPI_Comm comm, std::size_t n, const char* owner, const char* op, const char* unit) {
+  const auto v = static_cast<std::int64_t>(n);
+  std::int64_t mine[2] = {v, -v}, most[2] = {0, 0};  // max of n and of -n: the max and -min
+  mpi_check(MPI_Allreduce(mine, most, 2, MPI_INT64_T, MPI_MAX, comm), op, owner);
+  require(most[0] == -most[1], (std::string(owner) + "::" + op).c_str(),
+          "ranks disagree on the message size (" + std::to_string(-most[1]) + " to " + std::to_string(most[0]) + " " +
+              unit + ")");
+}
+
 inline const char* thread_level_name(int level) {
   switch (level) {
     case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
@@ -106,7 +117,7 @@ class MpiCommunicator : public AsyncCollectives<MpiCommunicator> {
     detail::require(recv.size() == n * static_cast<std::size_t>(size_), "MpiCommunicator::allgather",
                     "receive buffer has " + std::to_string(recv.size()) + " bytes, needs " +
                         std::to_string(n * static_cast<std::size_t>(size_)));
-    agree_on_size(n, "allgather");
+    detail::agree_on_size(comm_, n, "MpiCommunicator", "allgather", "bytes");
     if (n <= detail::mpi_max_count) {
       detail::mpi_check(MPI_Allgather(send.data(), static_cast<int>(n), detail::mpi_type<std::byte>(), recv.data(),
                                       static_cast<int>(n), detail::mpi_type<std::byte>(), comm_),
@@ -149,17 +160,6 @@ class MpiCommunicator : public AsyncCollectives<MpiCommunicator> {
 
  private:
   static constexpr int tag = 0x0d1c;
-
-  // One small allreduce: every rank learns the smallest and largest size, and all
-  // throw the same Error on a mismatch (instead of a truncated or hung allgather).
-  void agree_on_size(std::size_t n, const char* op) {
-    const auto v = static_cast<std::int64_t>(n);
-    std::int64_t mine[2] = {v, -v}, most[2] = {0, 0};  // max of n and of -n: the max and -min
-    detail::mpi_check(MPI_Allreduce(mine, most, 2, MPI_INT64_T, MPI_MAX, comm_), op);
-    detail::require(most[0] == -most[1], (std::string("MpiCommunicator::") + op).c_str(),
-                    "ranks disagree on the message size (" + std::to_string(-most[1]) + " to " +
-                        std::to_string(most[0]) + " bytes)");
-  }
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;

@@ -45,7 +45,7 @@ class NcclCommunicator : public AsyncCollectives<NcclCommunicator> {
  public:
   // One rank of `comm` per GPU; `device` < 0 keeps the current device. The caller keeps
   // ownership of comm (it is duplicated for size checks).
-  explicit NcclCommunicator(MPI_Comm comm, int device = -1) {
+  explicit NcclCommunicator(MPI_Comm comm, int device = -1) : device_(select_device(device)) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     detail::require(initialized != 0, "NcclCommunicator", "MPI is not initialized (NCCL is bootstrapped through MPI)");
@@ -53,27 +53,23 @@ class NcclCommunicator : public AsyncCollectives<NcclCommunicator> {
     MPI_Comm_set_errhandler(mpi_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(mpi_, &rank_);
     MPI_Comm_size(mpi_, &size_);
-    if (device >= 0) cuda::check(cudaSetDevice(device), "NcclCommunicator", "cudaSetDevice");
-    cuda::check(cudaGetDevice(&device_), "NcclCommunicator", "cudaGetDevice");
     ncclUniqueId id{};
     if (rank_ == 0) detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
     detail::mpi_check(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi_), "MPI_Bcast of the NCCL id", "NcclCommunicator");
     detail::nccl_check(ncclCommInitRank(&comm_, size_, id, rank_), "ncclCommInitRank");
-    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "NcclCommunicator", "cudaStreamCreate");
     scratch_.resize(1);
   }
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
   ~NcclCommunicator() {
-    if (comm_) ncclCommDestroy(comm_);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (comm_) ncclCommDestroy(comm_);  // before stream_, a member, goes
     if (mpi_ != MPI_COMM_NULL) MPI_Comm_free(&mpi_);
   }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   int device() const { return device_; }
-  cudaStream_t stream() const { return stream_; }
+  cudaStream_t stream() const { return stream_.get(); }
   ncclComm_t native() const { return comm_; }
 
   // Enqueued forms: no host synchronization.
@@ -99,43 +95,40 @@ class NcclCommunicator : public AsyncCollectives<NcclCommunicator> {
 
   // Blocking forms (the Communicator concept): enqueue on stream(), then wait for it.
   void allreduce_sum(std::span<float> x) {
-    agree_on_size(x.size(), "allreduce_sum");  // a mismatch would hang NCCL: refuse it on every rank
-    enqueue_allreduce_sum(x, stream_);
+    // A size mismatch would hang NCCL: refuse it on every rank.
+    detail::agree_on_size(mpi_, x.size(), "NcclCommunicator", "allreduce_sum", "elements");
+    enqueue_allreduce_sum(x, stream());
     wait("allreduce_sum");
   }
   void allgather(std::span<const std::byte> send, std::span<std::byte> recv) {
-    agree_on_size(send.size(), "allgather");
-    enqueue_allgather(send, recv, stream_);
+    detail::agree_on_size(mpi_, send.size(), "NcclCommunicator", "allgather", "bytes");
+    enqueue_allgather(send, recv, stream());
     wait("allgather");
   }
   void sendrecv(std::span<const std::byte> send, int dest, std::span<std::byte> recv, int src) {
-    enqueue_sendrecv(send, dest, recv, src, stream_);
+    enqueue_sendrecv(send, dest, recv, src, stream());
     wait("sendrecv");
   }
   void barrier() {
-    enqueue_allreduce_sum(std::span<float>(scratch_.data(), 1), stream_);
+    enqueue_allreduce_sum(std::span<float>(scratch_.data(), 1), stream());
     wait("barrier");
   }
 
  private:
-  void wait(const char* what) {
-    cuda::check(cudaStreamSynchronize(stream_), (std::string("NcclCommunicator::") + what).c_str(),
-                "cudaStreamSynchronize");
+  // Makes `device` current (< 0: keeps the current one) before the stream is created.
+  static int select_device(int device) {
+    if (device >= 0) cuda::check(cudaSetDevice(device), "NcclCommunicator", "cudaSetDevice");
+    int current = 0;
+    cuda::check(cudaGetDevice(&current), "NcclCommunicator", "cudaGetDevice");
+    return current;
   }
-  // The smallest and largest size over the ranks (one small MPI allreduce).
-  void agree_on_size(std::size_t n, const char* op) {
-    const auto v = static_cast<std::int64_t>(n);
-    std::int64_t mine[2] = {v, -v}, most[2] = {0, 0};
-    detail::mpi_check(MPI_Allreduce(mine, most, 2, MPI_INT64_T, MPI_MAX, mpi_), op, "NcclCommunicator");
-    detail::require(most[0] == -most[1], (std::string("NcclCommunicator::") + op).c_str(),
-                    "ranks disagree on the message size (" + std::to_string(-most[1]) + " to " +
-                        std::to_string(most[0]) + " elements)");
-  }
+  void wait(const char* what) { stream_.synchronize((std::string("NcclCommunicator::") + what).c_str()); }
 
+  int device_;           // first: selected before the stream is created on it
+  cuda::Stream stream_;  // destroyed after the destructor has freed comm_
   MPI_Comm mpi_ = MPI_COMM_NULL;
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  int rank_ = 0, size_ = 1, device_ = 0;
+  int rank_ = 0, size_ = 1;
   cuda::DeviceBuffer<float> scratch_;  // (1) device: the barrier's operand
 };
 

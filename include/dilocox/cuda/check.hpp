@@ -1,11 +1,14 @@
-// dilocox/cuda/check.hpp: CUDA runtime, cuBLAS and cuSOLVER status codes turned into
-// dilocox::Error ("cuda::quantize: cudaMemcpyAsync: invalid argument"), and
-// device_available() for tests that skip without a GPU. Host code only: compiles with
-// g++ or nvcc against the CUDA toolkit's headers. Not here: NCCL (comm/nccl.hpp).
+// dilocox/cuda/check.hpp: CUDA runtime status codes turned into dilocox::Error
+// ("cuda::quantize: cudaMemcpyAsync: invalid argument"), launch checks and grid sizes,
+// and device_available() for tests that skip without a GPU. Host code only: compiles
+// with g++ or nvcc against the CUDA toolkit's headers. Not here: cuBLAS and cuSOLVER
+// (blas.hpp), NCCL (comm/nccl.hpp).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <string>
 
 #include "dilocox/config.hpp"
@@ -31,5 +34,11 @@ inline bool device_available() {
 
 // Checks a kernel launch (bad configuration, no device) without synchronizing.
 inline void check_launch(const char* where) { check(cudaGetLastError(), where, "kernel launch"); }
+
+// Blocks for `items` work items at `per_block` each, for grid-stride kernels: at least
+// one, at most 65535.
+inline unsigned grid_size(std::size_t items, std::size_t per_block) {
+  return static_cast<unsigned>(std::clamp<std::size_t>((items + per_block - 1) / per_block, 1, 65535));
+}
 
 }  // namespace dilocox::cuda

@@ -40,8 +40,7 @@ inline void launch_add_scaled(float* y, const float* a, const float* b, float si
                      reinterpret_cast<std::uintptr_t>(b)) & 15) == 0;
   const std::size_t work = vec ? n / 4 + 1 : n;
   const unsigned threads = 256;
-  const auto grid = static_cast<unsigned>(std::min<std::size_t>((work + threads - 1) / threads, 65535));
-  add_scaled<float><<<grid, threads, 0, s>>>(y, a, b, sign, n, vec);
+  add_scaled<float><<<grid_size(work, threads), threads, 0, s>>>(y, a, b, sign, n, vec);
   check_launch(where);
 }
 }  // namespace kernels

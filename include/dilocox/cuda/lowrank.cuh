@@ -86,20 +86,13 @@ __global__ void from_columns(T* __restrict__ p, const T* __restrict__ q, std::si
   }
 }
 
-inline unsigned grid_1d(std::size_t n, unsigned threads) {
-  return static_cast<unsigned>(std::clamp<std::size_t>((n + threads - 1) / threads, 1, 65535));
-}
-
 }  // namespace kernels
 
 class PowerIterationProjector {
  public:
   PowerIterationProjector(std::size_t rows, std::size_t cols, LowRankConfig config, cudaStream_t stream = nullptr)
       : rows_(rows), cols_(cols), config_(config), stream_(stream), blas_(stream), solver_(stream), vanished_(1) {
-    detail::require(rows > 0 && cols > 0, "cuda::PowerIterationProjector",
-                    "matrix must be non-empty, got " + std::to_string(rows) + " x " + std::to_string(cols));
-    detail::require(std::isfinite(config.epsilon) && config.epsilon >= 0.0f, "cuda::PowerIterationProjector",
-                    "epsilon must be finite and >= 0");
+    detail::check_projector_config(rows, cols, config, "cuda::PowerIterationProjector");
     vanished_.zero(stream_);
     resize(checked_rank(config.rank));
     fill_random(q_.data(), q_.size(), 0);
@@ -130,15 +123,15 @@ class PowerIterationProjector {
                            static_cast<int>(work_.size()), info_.data()),
           where, "cusolverDnSgeqrf");
     const float tiny = std::max(config_.epsilon, 1.17549435e-38f);
-    kernels::qr_signs<<<kernels::grid_1d(static_cast<std::size_t>(rank_), 256), 256, 0, stream_>>>(
+    kernels::qr_signs<<<grid_size(static_cast<std::size_t>(rank_), 256), 256, 0, stream_>>>(
         pc_.data(), rows_, rank_, norms_.data(), sign_.data(), tiny, dependent_fraction,
         reinterpret_cast<unsigned long long*>(vanished_.data()));
     check_launch(where);
     check(cusolverDnSorgqr(solver_.get(), m, rank_, rank_, pc_.data(), m, tau_.data(), work_.data(),
                            static_cast<int>(work_.size()), info_.data()),
           where, "cusolverDnSorgqr");
-    kernels::from_columns<<<kernels::grid_1d(p_.size(), 256), 256, 0, stream_>>>(p_.data(), pc_.data(), rows_, rank_,
-                                                                                 sign_.data());
+    kernels::from_columns<<<grid_size(p_.size(), 256), 256, 0, stream_>>>(p_.data(), pc_.data(), rows_, rank_,
+                                                                         sign_.data());
     check_launch(where);
     ++draws_;
   }
@@ -153,10 +146,7 @@ class PowerIterationProjector {
 
   // out = P Q^T, (rows, cols) row-major on the device.
   void reconstruct(MatrixView<float, cuda_space> out) const {
-    detail::require(out.rows == rows_ && out.cols == cols_ && out.data != nullptr,
-                    "cuda::PowerIterationProjector::reconstruct",
-                    "output is " + std::to_string(out.rows) + " x " + std::to_string(out.cols) + ", expected " +
-                        std::to_string(rows_) + " x " + std::to_string(cols_));
+    detail::check_projector_operand(out, rows_, cols_, "cuda::PowerIterationProjector::reconstruct", "output");
     gemm_rm(blas_.get(), false, true, static_cast<int>(rows_), static_cast<int>(cols_), rank_, 1.0f, p_.data(), rank_,
             q_.data(), rank_, 0.0f, out.data, static_cast<int>(cols_), {}, "cuda::PowerIterationProjector::reconstruct");
   }
@@ -238,11 +228,7 @@ class PowerIterationProjector {
   static constexpr float dependent_fraction = 1e-4f;
 
   int checked_rank(int r) const {
-    const std::size_t limit = std::min(rows_, cols_);
-    detail::require(r >= 1 && static_cast<std::size_t>(r) <= limit, "cuda::PowerIterationProjector",
-                    "rank must be in [1, " + std::to_string(limit) + "] for a " + std::to_string(rows_) + " x " +
-                        std::to_string(cols_) + " matrix, got " + std::to_string(r));
-    return r;
+    return detail::checked_projector_rank(rows_, cols_, r, "cuda::PowerIterationProjector");
   }
 
   void resize(int r) {
@@ -266,7 +252,7 @@ class PowerIterationProjector {
   }
 
   void fill_random(float* m, std::size_t n, std::uint64_t draw) {
-    kernels::fill_normal<<<kernels::grid_1d(n, 256), 256, 0, stream_>>>(m, n, config_.seed, draw * n);
+    kernels::fill_normal<<<grid_size(n, 256), 256, 0, stream_>>>(m, n, config_.seed, draw * n);
     check_launch("cuda::PowerIterationProjector");
   }
 
@@ -288,10 +274,7 @@ class PowerIterationProjector {
   }
 
   void check_input(MatrixView<const float, cuda_space> x, const char* step) const {
-    detail::require(x.rows == rows_ && x.cols == cols_ && x.data != nullptr,
-                    (std::string("cuda::PowerIterationProjector::") + step).c_str(),
-                    "input is " + std::to_string(x.rows) + " x " + std::to_string(x.cols) + ", expected " +
-                        std::to_string(rows_) + " x " + std::to_string(cols_));
+    detail::check_projector_operand(x, rows_, cols_, std::string("cuda::PowerIterationProjector::") + step, "input");
   }
 
   std::size_t rows_, cols_;

@@ -233,15 +233,10 @@ __global__ void dequantize_elements(const std::byte* __restrict__ in, std::size_
   }
 }
 
-inline unsigned grid_for(std::size_t work_items, unsigned per_cta) {
-  const std::size_t g = (work_items + per_cta - 1) / per_cta;
-  return static_cast<unsigned>(std::clamp<std::size_t>(g, 1, 65535));
-}
-
 template <bool Accumulate>
 void launch_dequantize(const std::byte* in, std::size_t n, float* out, const QuantConfig& c, cudaStream_t s) {
   if (n == 0) return;
-  const unsigned threads = 256, grid = grid_for((n + 3) / 4, threads);
+  const unsigned threads = 256, grid = grid_size((n + 3) / 4, threads);
   if (c.bits == 8) dequantize_elements<8, Accumulate><<<grid, threads, 0, s>>>(in, n, c.block, c.scale, out);
   else dequantize_elements<4, Accumulate><<<grid, threads, 0, s>>>(in, n, c.block, c.scale, out);
   check_launch(Accumulate ? "dequantize_add (cuda)" : "dequantize (cuda)");
@@ -266,7 +261,7 @@ inline void quantize(TensorView<const float, cuda_space> in, TensorView<std::byt
   }
   const bool vec = c.block % 4 == 0 && (reinterpret_cast<std::uintptr_t>(in.data) & 15) == 0;
   const unsigned threads = 32 * cuda::kernels::warps_per_cta;
-  const unsigned grid = cuda::kernels::grid_for(num_blocks(n, c.block), cuda::kernels::warps_per_cta);
+  const unsigned grid = cuda::grid_size(num_blocks(n, c.block), cuda::kernels::warps_per_cta);
   const bool st = c.rounding == Rounding::stochastic;
   using namespace cuda::kernels;
   if (c.bits == 8) {

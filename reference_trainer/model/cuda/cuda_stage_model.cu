@@ -30,9 +30,8 @@ using dilocox::cuda::PinnedBuffer;
 using dilocox::cuda::gemm_rm;
 using dilocox::cuda::gemm_rm_batched;
 
-inline unsigned grid_for(std::size_t n, unsigned threads = 256) {
-  return static_cast<unsigned>(std::clamp<std::size_t>((n + threads - 1) / threads, 1, 1 << 16));
-}
+// Blocks of 256 threads for n elements (every kernel here is grid-stride).
+inline unsigned grid_for(std::size_t n) { return dilocox::cuda::grid_size(n, 256); }
 
 template <class Tc>
 class CudaStageModel final : public StageModel {
