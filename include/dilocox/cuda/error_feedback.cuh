@@ -16,8 +16,9 @@ namespace dilocox::cuda {
 
 namespace kernels {
 // y[i] = a[i] + sign * b[i], four elements per step when all three are 16-byte aligned.
+// y may be a (add_to updates x in place), so neither is __restrict__.
 template <class T>
-__global__ void add_scaled(T* __restrict__ y, const T* __restrict__ a, const T* __restrict__ b, T sign,
+__global__ void add_scaled(T* y, const T* a, const T* __restrict__ b, T sign,
                            std::size_t n, bool vec) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   std::size_t t = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x;
