@@ -51,17 +51,16 @@ class StageTrainer {
         opt_config_(opt),
         link_(link),
         ops_(pipeline_schedule(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
-        owned_(make_stage_model(shape.backend, shape.model, shape.stages, link.stage(), shape.micro_batch(),
-                                shape.seq_len, pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches))),
-        model_(*owned_) {
-    model_.init(seed);
+        model_(make_stage_model(shape.backend, shape.model, shape.stages, link.stage(), shape.micro_batch(),
+                                shape.seq_len, pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches))) {
+    model_->init(seed);
     const auto n = static_cast<std::size_t>(shape.batch) * static_cast<std::size_t>(shape.seq_len);
     inputs_.resize(n);
     targets_.resize(n);
     stats_.resize(static_cast<std::size_t>(2 + 12 * shape.model.n_layer + 2) + 1);
   }
 
-  StageModel& model() { return model_; }
+  StageModel& model() { return *model_; }
   void set_gradient_hook(GradientHook hook) { hook_ = std::move(hook); }
   // Fault injection (tests): the next step's loss gradient is NaN on this stage, as a
   // batch with a NaN would make it (backward carries it to the other stages).
@@ -73,46 +72,45 @@ class StageTrainer {
     const std::size_t B = static_cast<std::size_t>(shape_.micro_batch()), T = static_cast<std::size_t>(shape_.seq_len);
     sampler.fill(static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(shape_.batch),
                  static_cast<std::size_t>(shape_.batch), inputs_, targets_);
-    model_.zero_grads();
+    model_->zero_grads();
     const float scale = inject_nan_ ? std::numeric_limits<float>::quiet_NaN()
                                     : 1.0f / static_cast<float>(shape_.tokens_per_step());
     double loss_sum = 0;
     for (const auto& op : ops_) {
-      const int slot = op.micro % model_.slots();
+      const int slot = op.micro % model_->slots();
       if (op.kind == PipeOp::forward) {
-        if (!model_.first()) link_.recv_forward(model_.input(slot), op.micro);
+        if (!model_->first()) link_.recv_forward(model_->input(slot), op.micro);
         const std::size_t off = static_cast<std::size_t>(op.micro) * B * T;
-        loss_sum += model_.forward(slot, inputs_.data() + off, targets_.data() + off);
-        if (!model_.last()) link_.send_forward(model_.output(slot), op.micro);
+        loss_sum += model_->forward(slot, inputs_.data() + off, targets_.data() + off);
+        if (!model_->last()) link_.send_forward(model_->output(slot), op.micro);
       } else {
-        if (!model_.last()) link_.recv_backward(model_.grad_output(), op.micro);
-        model_.backward(slot, scale);
-        if (!model_.first()) link_.send_backward(model_.grad_input(), op.micro);
+        if (!model_->last()) link_.recv_backward(model_->grad_output(), op.micro);
+        model_->backward(slot, scale);
+        if (!model_->first()) link_.send_backward(model_->grad_input(), op.micro);
       }
     }
     link_.wait_sends();
-    model_.finish_backward();
-    if (const auto* wte = model_.tied_embedding(); wte && shape_.stages > 1) {
-      model_.pull_grads();
-      link_.sum_tied(model_.grad(*wte));
-      model_.push_grads();
-    }
-    if (inject_nan_ && model_.last()) loss_sum = std::numeric_limits<double>::quiet_NaN();
+    model_->finish_backward();
+    // The host copy of the gradient, when something here works on it: the tied
+    // embedding's two shares summed across stages, the AllReduce hook. One pull, one push.
+    const ParamTensor* tied = shape_.stages > 1 ? model_->tied_embedding() : nullptr;
+    if (tied || hook_) model_->pull_grads();
+    if (tied) link_.sum_tied(model_->grad(*tied));
+    if (inject_nan_ && model_->last()) loss_sum = std::numeric_limits<double>::quiet_NaN();
     inject_nan_ = false;
     int contributors = 1;
     if (hook_) {
-      model_.pull_grads();
       bool finite = true;
-      for (float g : model_.grads()) finite = finite && std::isfinite(g);
-      contributors = hook_(model_.grads(), finite);
-      model_.push_grads();
+      for (float g : model_->grads()) finite = finite && std::isfinite(g);
+      contributors = hook_(model_->grads(), finite);
     }
+    if (tied || hook_) model_->push_grads();
 
     // Squared norm per global tensor (the tied embedding once, on the first stage), the
     // loss, summed over stages; each entry has one contributor, so every stage layout
     // adds the same numbers in the same order.
     std::fill(stats_.begin(), stats_.end(), 0.0);
-    model_.grad_square_norms(stats_);
+    model_->grad_square_norms(stats_);
     stats_[stats_.size() - 1] = loss_sum;
     link_.allreduce_sum(stats_);
     double sq = 0;
@@ -124,7 +122,7 @@ class StageTrainer {
     out.lr = learning_rate(opt_config_, step, total_steps);
     out.contributors = contributors;
     out.skipped = contributors == 0 || !std::isfinite(out.grad_norm);
-    if (!out.skipped) model_.adamw_step(opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
+    if (!out.skipped) model_->adamw_step(opt_config_, out.lr, clip_scale(opt_config_, out.grad_norm), ++updates_);
     return out;
   }
 
@@ -137,9 +135,9 @@ class StageTrainer {
     double loss_sum = 0;
     for (std::size_t m = 0; m < micro; ++m) {
       val.fill_eval(m * B, B, eval_inputs_, eval_targets_);
-      if (!model_.first()) link_.recv_forward(model_.input(0), static_cast<int>(m));
-      loss_sum += model_.forward(0, eval_inputs_.data(), eval_targets_.data());
-      if (!model_.last()) link_.send_forward(model_.output(0), static_cast<int>(m));
+      if (!model_->first()) link_.recv_forward(model_->input(0), static_cast<int>(m));
+      loss_sum += model_->forward(0, eval_inputs_.data(), eval_targets_.data());
+      if (!model_->last()) link_.send_forward(model_->output(0), static_cast<int>(m));
     }
     link_.wait_sends();
     double v[1] = {loss_sum};
@@ -149,20 +147,20 @@ class StageTrainer {
 
   // The parameters and AdamW state (pulled to the host first).
   void save(Checkpoint& c) {
-    model_.pull_params();
-    model_.pull_optimizer();
-    c.put("params", std::span<const float>(model_.params()));
-    c.put("adamw.m", std::span<const float>(model_.adam_m()));
-    c.put("adamw.v", std::span<const float>(model_.adam_v()));
+    model_->pull_params();
+    model_->pull_optimizer();
+    c.put("params", std::span<const float>(model_->params()));
+    c.put("adamw.m", std::span<const float>(model_->adam_m()));
+    c.put("adamw.v", std::span<const float>(model_->adam_v()));
     const std::int64_t u[1] = {updates_};
     c.put("adamw.updates", std::span<const std::int64_t>(u));
   }
   void load(const Checkpoint& c) {
-    c.get("params", model_.params());
-    c.get("adamw.m", model_.adam_m());
-    c.get("adamw.v", model_.adam_v());
-    model_.push_params();
-    model_.push_optimizer();
+    c.get("params", model_->params());
+    c.get("adamw.m", model_->adam_m());
+    c.get("adamw.v", model_->adam_v());
+    model_->push_params();
+    model_->push_optimizer();
     std::int64_t u[1] = {0};
     c.get("adamw.updates", std::span<std::int64_t>(u));
     updates_ = u[0];
@@ -173,8 +171,7 @@ class StageTrainer {
   AdamWConfig opt_config_;
   StageLink& link_;
   std::vector<PipeOp> ops_;
-  std::unique_ptr<StageModel> owned_;
-  StageModel& model_;
+  std::unique_ptr<StageModel> model_;
   std::int64_t updates_ = 0;
   GradientHook hook_;
   bool inject_nan_ = false;

@@ -241,8 +241,10 @@ class Run {
     prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(S) +
               (K > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(K) : "");
     auto& model = trainer.model();
-    // On the GPU the host copy of the parameters is moved explicitly: pulled before the
-    // outer loop, evaluation or a dump reads it, pushed after they write it.
+    // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop
+    // modes it is pulled once per round, after the local steps, for end_round (and the
+    // dump), and pushed after the round writes it: so between rounds, where begin_round,
+    // evaluation and finish read it, host and device agree.
     const auto* wte = model.tied_embedding();
     std::optional<ClusterSync> sync;
     if (K > 1) {
@@ -284,7 +286,6 @@ class Run {
     std::vector<float> saved;
     auto evaluate = [&](std::int64_t at) {
       if (rounds) {
-        model.pull_params();
         saved.assign(model.params().begin(), model.params().end());
         sync->load_global();
         if (wte && S > 1) link.copy_tied(model.param(*wte));
@@ -323,7 +324,6 @@ class Run {
     install_signal_handlers();
     while (step < total_steps && !interrupted) {
       const std::int64_t H = rounds ? agreed_local_steps(*sync) : 1;
-      if (rounds || dump) model.pull_params();
       if (rounds) sync->begin_round();
       if (dump) dump->begin_round(model);
       bool round_skipped = false;
@@ -384,7 +384,6 @@ class Run {
       interrupted = should_stop();
     }
     if (rounds && !interrupted) {
-      model.pull_params();
       const dilocox::RoundStats rs = sync->finish();
       refresh_tied();
       model.push_params();

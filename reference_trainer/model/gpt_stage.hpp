@@ -27,12 +27,8 @@ class GptStage {
  public:
   // micro_batch B sequences of seq_len tokens per micro-batch; slots = micro-batches in flight.
   GptStage(const GptConfig& cfg, int stages, int stage, int micro_batch, int seq_len, int slots)
-      : cfg_(validated(cfg)), stages_(stages), stage_(stage), B_(micro_batch), T_(seq_len), layout_(cfg, stages, stage) {
-    dilocox::detail::require(cfg.trainable(), "GptStage", cfg.name + " uses grouped-query attention: a planning shape only");
-    dilocox::detail::require(seq_len >= 1 && seq_len <= cfg.max_seq, "GptStage",
-                    "sequence length " + std::to_string(seq_len) + " must be in [1, " +
-                        std::to_string(cfg.max_seq) + "] for this model");
-    dilocox::detail::require(micro_batch >= 1 && slots >= 1, "GptStage", "micro-batch and slots must be >= 1");
+      : layout_(cfg, stages, stage), cfg_(cfg), B_(micro_batch), T_(seq_len) {
+    check_training_shape(cfg, micro_batch, seq_len, slots, "GptStage");
     params_.assign(layout_.size(), T(0));
     grads_.assign(layout_.size(), T(0));
     if (first() && last()) head_dwte_.assign(static_cast<std::size_t>(cfg.vocab) * cfg.n_embd, T(0));
@@ -47,11 +43,8 @@ class GptStage {
     att_scratch_.assign(static_cast<std::size_t>(T_) * T_, T(0));
   }
 
-  bool first() const { return stage_ == 0; }
-  bool last() const { return stage_ == stages_ - 1; }
-  int stage() const { return stage_; }
-  int stages() const { return stages_; }
-  StageRange layers() const { return layout_.layers(); }
+  bool first() const { return layout_.first(); }
+  bool last() const { return layout_.last(); }
   const ParamLayout& layout() const { return layout_; }
   const GptConfig& config() const { return cfg_; }
   std::size_t tokens_per_micro() const { return static_cast<std::size_t>(B_) * T_; }
@@ -64,9 +57,7 @@ class GptStage {
   std::span<T> param(const ParamTensor& t) { return std::span<T>(params_).subspan(t.offset, t.numel()); }
   std::span<T> grad(const ParamTensor& t) { return std::span<T>(grads_).subspan(t.offset, t.numel()); }
   // The copy of wte this stage holds (first and/or last stage); empty otherwise.
-  const ParamTensor* tied_embedding() const {
-    return layout_.wte() >= 0 ? &layout_.tensor(layout_.wte()) : nullptr;
-  }
+  const ParamTensor* tied_embedding() const { return layout_.tied_embedding(); }
 
   // GPT-2 initialization (ParamLayout::init): every stage layout draws the same model.
   void init(std::uint64_t seed) { layout_.init(std::span<T>(params_), seed); }
@@ -97,9 +88,7 @@ class GptStage {
     s.targets = targets;
     const int N = static_cast<int>(tokens_per_micro()), C = cfg_.n_embd, F = cfg_.ffn_hidden(), NH = cfg_.n_head;
     if (first()) {
-      for (std::size_t i = 0; i < tokens_per_micro(); ++i)
-        dilocox::detail::require(tokens[i] >= 0 && tokens[i] < cfg_.vocab, "GptStage::forward",
-                        "token " + std::to_string(tokens[i]) + " outside the vocabulary");
+      check_token_ids({tokens, tokens_per_micro()}, cfg_.vocab, "token", "GptStage::forward");
       cpu::embedding_forward(s.x.data(), tokens, p(layout_.wte()), p(layout_.wpe()), B_, T_, C);
     }
     const T* in = s.x.data();
@@ -122,9 +111,7 @@ class GptStage {
     if (!last()) return 0.0;
     cpu::layernorm_forward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), in, p(layout_.lnfw()), p(layout_.lnfb()), N, C);
     cpu::matmul_forward(s.logits.data(), s.lnf.data(), p(layout_.wte()), static_cast<const T*>(nullptr), N, C, cfg_.vocab);
-    for (std::size_t i = 0; i < tokens_per_micro(); ++i)
-      dilocox::detail::require(targets[i] >= 0 && targets[i] < cfg_.vocab, "GptStage::forward",
-                      "target " + std::to_string(targets[i]) + " outside the vocabulary");
+    check_token_ids({targets, tokens_per_micro()}, cfg_.vocab, "target", "GptStage::forward");
     return cpu::softmax_cross_entropy(s.logits.data(), s.losses.data(), targets, N, cfg_.vocab);
   }
 
@@ -215,16 +202,12 @@ class GptStage {
     }
   }
 
-  static const GptConfig& validated(const GptConfig& cfg) {
-    cfg.validate();
-    return cfg;
-  }
   T* p(int i) { return params_.data() + layout_.tensor(i).offset; }
   T* g(int i) { return grads_.data() + layout_.tensor(i).offset; }
 
+  ParamLayout layout_;  // first: it validates the config
   GptConfig cfg_;
-  int stages_, stage_, B_, T_;
-  ParamLayout layout_;
+  int B_, T_;
   std::vector<T> params_, grads_;  // flat, in tensors_ order
   std::vector<T> head_dwte_;       // (V, C): the LM head's share of d(wte) on a single-stage model
   std::vector<Slot> slots_;

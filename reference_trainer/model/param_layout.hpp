@@ -1,7 +1,8 @@
 // reference_trainer/model/param_layout.hpp: which parameter tensors one pipeline stage
 // of the GPT holds (names, global ids, shapes, offsets into the stage's flat buffer,
-// weight decay) and the GPT-2 initialization that fills them. Shared by the CPU and the
-// CUDA backends, so both draw the same model; nothing here computes a layer.
+// weight decay), the GPT-2 initialization that fills them, and the shape and token checks
+// a stage makes. Shared by the CPU and the CUDA backends, so both draw (and refuse) the
+// same models; nothing here computes a layer.
 #pragma once
 
 #include "model/gpt_config.hpp"
@@ -42,15 +43,36 @@ struct LayerTensors {
   int ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
 };
 
+// What every backend checks before it allocates a stage: a trainable model (full
+// multi-head attention), a sequence within its context, at least one sequence and slot.
+inline void check_training_shape(const GptConfig& cfg, int micro_batch, int seq_len, int slots, const char* where) {
+  dilocox::detail::require(cfg.trainable(), where, cfg.name + " uses grouped-query attention: a planning shape only");
+  dilocox::detail::require(seq_len >= 1 && seq_len <= cfg.max_seq, where,
+                           "sequence length " + std::to_string(seq_len) + " must be in [1, " +
+                               std::to_string(cfg.max_seq) + "] for this model");
+  dilocox::detail::require(micro_batch >= 1 && slots >= 1, where, "micro-batch and slots must be >= 1");
+}
+
+// Every id in [0, vocab); `what` is "token" or "target".
+inline void check_token_ids(std::span<const std::int32_t> ids, int vocab, const char* what, const char* where) {
+  for (const std::int32_t id : ids)
+    dilocox::detail::require(id >= 0 && id < vocab, where,
+                             std::string(what) + " " + std::to_string(id) + " outside the vocabulary");
+}
+
 class ParamLayout {
  public:
+  // Validates cfg (before anything is split or sized).
   ParamLayout(const GptConfig& cfg, int stages, int stage) : cfg_(cfg), stages_(stages), stage_(stage) {
+    cfg.validate();
     range_ = stage_layers(cfg.n_layer, stages, stage);
     build_tensor_list();
   }
 
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ == stages_ - 1; }
+  // The copy of the tied token embedding this stage holds (first and/or last stage), if any.
+  const ParamTensor* tied_embedding() const { return wte_ >= 0 ? &tensor(wte_) : nullptr; }
   StageRange layers() const { return range_; }
   std::size_t size() const { return n_params_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }

@@ -34,7 +34,10 @@ class StageModel {
   bool first() const { return layout().first(); }
   bool last() const { return layout().last(); }
   const std::vector<ParamTensor>& tensors() const { return layout().tensors(); }
-  const ParamTensor* tied_embedding() const { return layout().wte() >= 0 ? &layout().tensor(layout().wte()) : nullptr; }
+  const ParamTensor* tied_embedding() const { return layout().tied_embedding(); }
+  // Whether t's squared gradient norm counts on this stage: the tied embedding only on
+  // the first stage, so the global norm sees it once.
+  bool counts_in_norm(const ParamTensor& t) const { return t.name != "wte" || first(); }
   virtual int slots() const = 0;
   virtual void init(std::uint64_t seed) = 0;
 
@@ -94,7 +97,7 @@ class CpuStageModel final : public StageModel {
   void zero_grads() override { model_.zero_grads(); }
   void grad_square_norms(std::span<double> by_id) override {
     for (const auto& t : model_.tensors()) {
-      if (t.name == "wte" && !model_.first()) continue;
+      if (!counts_in_norm(t)) continue;
       double s = 0;
       for (float g : model_.grad(t)) s += static_cast<double>(g) * g;
       by_id[static_cast<std::size_t>(t.global_id)] = s;

@@ -39,10 +39,7 @@ class CudaStageModel final : public StageModel {
   CudaStageModel(const GptConfig& cfg, int stages, int stage, int micro_batch, int seq_len, int slots, int gpu)
       : cfg_(cfg), layout_(cfg, stages, stage), B_(micro_batch), T_(seq_len), device_(select_device(gpu)),
         stream_(owned_stream_.get()), blas_(stream_) {
-    cfg.validate();
-    dilocox::detail::require(cfg.trainable(), "CudaStageModel", cfg.name + " uses grouped-query attention: a planning shape only");
-    dilocox::detail::require(seq_len >= 1 && seq_len <= cfg.max_seq && micro_batch >= 1 && slots >= 1, "CudaStageModel",
-                             "sequence length, micro-batch or slots out of range");
+    check_training_shape(cfg, micro_batch, seq_len, slots, "CudaStageModel");
     const std::size_t P = layout_.size(), N = tokens(), C = cfg.n_embd, F = cfg.ffn_hidden(), V = cfg.vocab;
     for (auto* b : {&params_, &grads_, &m_, &v_}) b->resize(P);
     if constexpr (!std::is_same_v<Tc, float>) params_c_.resize(P);
@@ -124,10 +121,10 @@ class CudaStageModel final : public StageModel {
 
   double forward(int slot, const std::int32_t* tokens_in, const std::int32_t* targets_in) override {
     auto& s = at(slot);
-    const int N = static_cast<int>(tokens()), C = cfg_.n_embd, F = cfg_.ffn_hidden(), NH = cfg_.n_head;
+    const int N = static_cast<int>(tokens()), C = cfg_.n_embd, F = cfg_.ffn_hidden();
     const std::size_t NC = tokens() * C;
     if (first()) {
-      check_ids(tokens_in, "token");
+      check_token_ids({tokens_in, tokens()}, cfg_.vocab, "token", "CudaStageModel::forward");
       dilocox::cuda::copy_to_device(s.tokens.data(), std::span<const std::int32_t>(tokens_in, tokens()), stream_, where);
       k::embedding_forward<<<grid_for(NC), 256, 0, stream_>>>(s.x.data(), s.tokens.data(), p(layout_.wte()),
                                                                p(layout_.wpe()), N, T_, C);
@@ -152,12 +149,11 @@ class CudaStageModel final : public StageModel {
       add_into(a.res3.data(), a.res2.data(), NC);
       in = a.res3.data();
     }
-    (void)NH;
     if (!last()) return 0.0;
     layernorm_forward(s.lnf.data(), s.lnf_mean.data(), s.lnf_rstd.data(), in, layout_.lnfw(), layout_.lnfb());
     gemm_rm(blas_.get(), false, true, N, cfg_.vocab, C, 1.0f, s.lnf.data(), C, p(layout_.wte()), C, 0.0f,
             s.logits.data(), cfg_.vocab, act_types(), where);
-    check_ids(targets_in, "target");
+    check_token_ids({targets_in, tokens()}, cfg_.vocab, "target", "CudaStageModel::forward");
     dilocox::cuda::copy_to_device(s.targets.data(), std::span<const std::int32_t>(targets_in, tokens()), stream_, where);
     k::cross_entropy_forward<<<N, 256, 0, stream_>>>(s.losses.data(), s.lse.data(), s.logits.data(), s.targets.data(),
                                                      cfg_.vocab);
@@ -224,10 +220,8 @@ class CudaStageModel final : public StageModel {
     }
     dilocox::cuda::copy_to_host(norms_h_.span(ts.size()), norms_.data(), stream_, where);
     synchronize();
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-      if (ts[i].name == "wte" && !first()) continue;
-      by_id[static_cast<std::size_t>(ts[i].global_id)] = norms_h_.data()[i];
-    }
+    for (std::size_t i = 0; i < ts.size(); ++i)
+      if (counts_in_norm(ts[i])) by_id[static_cast<std::size_t>(ts[i].global_id)] = norms_h_.data()[i];
   }
 
   void adamw_step(const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) override {
@@ -289,12 +283,6 @@ class CudaStageModel final : public StageModel {
 
   void launched() { dilocox::cuda::check_launch(where); }
   void synchronize() { dilocox::cuda::check(cudaStreamSynchronize(stream_), where, "cudaStreamSynchronize"); }
-
-  void check_ids(const std::int32_t* ids, const char* what) const {
-    for (std::size_t i = 0; i < tokens(); ++i)
-      dilocox::detail::require(ids[i] >= 0 && ids[i] < cfg_.vocab, "CudaStageModel::forward",
-                               std::string(what) + " " + std::to_string(ids[i]) + " outside the vocabulary");
-  }
 
   void download(PinnedBuffer<float>& h, const Buf<float>& d) {
     dilocox::cuda::copy_to_host(h.span(d.size()), d.data(), stream_, where);
