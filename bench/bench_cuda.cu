@@ -14,6 +14,7 @@
 #include <dilocox/cuda/quantize.cuh>
 
 #include "model/stage_model.hpp"
+#include "synthetic_batch.hpp"
 
 #include <cuda_bf16.h>
 
@@ -151,11 +152,9 @@ void train(const std::string& preset, int batch, double peak_tflops, double gemm
   const int T = cfg.max_seq;
   auto model = make_cuda_stage_model(cfg, 1, 0, batch, T, 1, Backend{Device::cuda, Precision::bf16, 0});
   model->init(1);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch) * T), targets(tokens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>(dx::counter_bits(1, i) % static_cast<std::uint32_t>(cfg.vocab));
-    targets[i] = static_cast<std::int32_t>(dx::counter_bits(2, i) % static_cast<std::uint32_t>(cfg.vocab));
-  }
+  const SyntheticBatch data(static_cast<std::size_t>(batch) * T, cfg.vocab);
+  const auto& tokens = data.tokens;
+  const auto& targets = data.targets;
   const AdamWConfig opt;
   std::vector<double> norms(static_cast<std::size_t>(2 + 12 * cfg.n_layer + 2), 0.0);
   std::int64_t t = 0;

@@ -7,6 +7,7 @@
 // model_GFLOPs / gemm_GFLOPs. Goal (issue 4): vs_gemm >= 0.4 for small.
 #include "model/adamw.hpp"
 #include "model/gpt_stage.hpp"
+#include "synthetic_batch.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -42,11 +43,9 @@ void BM_TrainStep(benchmark::State& state, const std::string& preset) {
   model.init(1);
   AdamW adam(model.params().size());
   AdamWConfig opt;
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(B) * T), targets(tokens.size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    tokens[i] = static_cast<std::int32_t>(dilocox::counter_bits(1, i) % static_cast<std::uint32_t>(cfg.vocab));
-    targets[i] = static_cast<std::int32_t>(dilocox::counter_bits(2, i) % static_cast<std::uint32_t>(cfg.vocab));
-  }
+  const SyntheticBatch batch(static_cast<std::size_t>(B) * T, cfg.vocab);
+  const auto& tokens = batch.tokens;
+  const auto& targets = batch.targets;
   std::int64_t t = 0;
   auto step = [&] {
     model.zero_grads();
