@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # End-to-end tests of dilocox-train, one case per ctest test:
 #   trainer_cli_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
-# CASE: bad_flags | resume | sigint | corrupt | pipeline. Each prints what it checks
+# CASE: bad_flags | resume | sigint | corrupt | pipeline | plan | clusters. Each prints what it checks
 # and exits non-zero on the first mismatch.
 set -euo pipefail
+# Any command that stops the script says so (set -e alone would end it silently).
+trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 case_name=$1 train=$2 shards=$3 work=$4 mpiexec=${5:-}
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 "$shards" data
@@ -128,11 +130,13 @@ clusters)  # K = 2 clusters x S = 2 stages, every sync mode: loss falls, replica
   [[ -n $mpiexec ]] || fail "clusters needs MPIEXEC"
   mpi=("$mpiexec" -n 4 --oversubscribe --allow-run-as-root)
   flags=("${common[@]}" --clusters 2 --stages 2 --micro-batches 2 --tokens 6144 --local-steps 3 --lr 3e-3)
-  field() { grep -o "\"$1\":[^,}]*" "$2" | head -1 | cut -d: -f2; }
+  # No `| head` under pipefail: a reader that stops early can SIGPIPE a writer with more
+  # than one buffer to send, and `x=$(...)` then ends the script without a word.
+  field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
   for mode in allreduce diloco cocktail dilocox; do
     "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics $mode.jsonl >$mode.txt
     [[ $(field replicas_identical $mode.txt) == true ]] || fail "$mode: replicas differ: $(cat $mode.txt)"
-    first=$(grep '"type":"step"' $mode.jsonl | head -1 | grep -o '"loss":[^,]*' | cut -d: -f2)
+    first=$(grep -m1 '"type":"step"' $mode.jsonl | grep -o '"loss":[^,]*' | cut -d: -f2)
     final=$(field final_eval_loss $mode.txt)
     awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
     rounds=$(field rounds $mode.txt)
