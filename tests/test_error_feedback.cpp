@@ -83,4 +83,16 @@ TEST(ErrorFeedback, SizeMismatchThrows) {
   std::vector<float> x(5), s(4);
   EXPECT_THROW(ef.add_to(x), dx::Error);
   EXPECT_THROW(ef.update(x, s), dx::Error);
+  EXPECT_THROW(ef.assign(x), dx::Error);
+}
+
+TEST(ErrorFeedback, AssignThenSubtractInPlaceEqualsUpdate) {
+  std::mt19937 gen(3);
+  const auto x = gradient(300, gen);
+  const auto s = compress(x);
+  dx::ErrorFeedback by_update(x.size()), in_place(x.size());
+  by_update.update(x, s);
+  const auto e = in_place.assign(x);  // what the low-rank compressor does with e -= P Q^T
+  for (std::size_t i = 0; i < e.size(); ++i) e[i] -= s[i];
+  EXPECT_TRUE(std::ranges::equal(by_update.residual(), in_place.residual()));
 }

@@ -377,14 +377,16 @@ class LowRankCompressor final : public PseudoGradientCompressor<C> {
       auto& mx = matrices_[j];
       const std::size_t t = mx.tensor;
       mx.proj->reconstruct({delta[t].data(), mx.m, mx.n});  // Delta = P mean(Q)^T
-      // sent by this replica: P Q_local^T; residual e = x - sent
-      const auto qr = static_cast<Eigen::Index>(mx.n), rr = static_cast<Eigen::Index>(mx.proj->rank());
-      Eigen::Map<const PowerIterationProjector::RowMatrix> q_local(local_sent_.data() + ql.offset[j], qr, rr);
-      const auto p = mx.proj->left_factor();
-      Eigen::Map<const PowerIterationProjector::RowMatrix> pm(p.data(), static_cast<Eigen::Index>(mx.m), rr);
       if (config_.error_feedback) {
-        sent_matrix_.noalias() = pm * q_local.transpose();
-        ef_[t].update(x[t], {sent_matrix_.data(), static_cast<std::size_t>(sent_matrix_.size())});
+        // sent by this replica: P Q_local^T; residual e = x - sent, the product subtracted
+        // in place (no (m, n) copy of what was sent: for a 100B model's embedding, GBs).
+        using RowMatrix = PowerIterationProjector::RowMatrix;
+        const auto m = static_cast<Eigen::Index>(mx.m), n = static_cast<Eigen::Index>(mx.n);
+        const auto rr = static_cast<Eigen::Index>(mx.proj->rank());
+        const auto p = mx.proj->left_factor();
+        Eigen::Map<const RowMatrix> pm(p.data(), m, rr), q_local(local_sent_.data() + ql.offset[j], n, rr);
+        Eigen::Map<RowMatrix> e(ef_[t].assign(x[t]).data(), m, n);
+        e.noalias() -= pm * q_local.transpose();
       }
       rank_sum += mx.proj->rank();
       if (config_.adaptive)
@@ -457,7 +459,6 @@ class LowRankCompressor final : public PseudoGradientCompressor<C> {
   detail::FlatLayout small_layout_;
   std::vector<float> flat_, mean_, local_sent_;                 // factor workspaces
   std::vector<float> small_flat_, small_mean_, small_sent_;     // small-tensor workspaces
-  PowerIterationProjector::RowMatrix sent_matrix_;              // (m, n) what this replica sent
   std::vector<ErrorFeedback> ef_;
   std::vector<std::byte> work_;
 };

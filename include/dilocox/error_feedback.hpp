@@ -36,6 +36,14 @@ class ErrorFeedback {
     for (std::size_t i = 0; i < x.size(); ++i) e[i] = x[i] - sent[i];
   }
 
+  // e = x, returned so that the caller subtracts what was sent in place (e -= sent) when
+  // "sent" is a product not worth materializing (the low-rank compressor's P Q^T).
+  std::span<float> assign(std::span<const float> x) {
+    check(x.size(), "assign");
+    std::copy_n(x.begin(), e_.size(), e_.begin());  // sizes checked equal
+    return e_;
+  }
+
   std::span<const float> residual() const { return e_; }
   std::span<float> residual() { return e_; }  // for checkpoints
   void reset() { std::fill(e_.begin(), e_.end(), 0.0f); }
