@@ -28,7 +28,7 @@ struct TrainOptions {
   std::string schedule = "1f1b";
   std::string device = "cpu";       // cpu or cuda
   std::string precision = "bf16";   // CUDA compute type: bf16 or fp32 (master weights fp32)
-  int gpu = -1;                     // CUDA device; -1: MPI rank modulo the device count
+  int gpu = -1;                     // CUDA device (modulo the count); -1: the rank's index on its node
   AdamWConfig adamw;
   std::uint64_t seed = 1;
   std::string data_dir = "data/brown";
@@ -114,7 +114,7 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", o.precision, "CUDA compute type: bf16 or fp32 (master weights and AdamW are fp32)")
       ->capture_default_str()->check(CLI::IsMember({"bf16", "fp32"}));
-  app.add_option("--gpu", o.gpu, "CUDA device of this rank (default: rank modulo the device count)")
+  app.add_option("--gpu", o.gpu, "CUDA device of this rank, modulo the device count (default: the rank's index on its node)")
       ->check(CLI::Range(0, 1023));
   app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()
       ->check(detail::positive);

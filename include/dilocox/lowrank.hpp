@@ -81,7 +81,7 @@ inline RowMatrixF resized_factor(const RowMatrixF& q, int r, std::uint64_t seed,
 
 class PowerIterationProjector {
  public:
-  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using RowMatrix = detail::RowMatrixF;
   // Salts of the random streams (the device projector draws the same numbers).
   static constexpr std::uint64_t replacement_salt = 0x5a17b9e3c1d2f4a6ULL;
   static constexpr std::uint64_t growth_salt = 0x2b7e151628aed2a6ULL;

@@ -6,6 +6,8 @@
 
 #include "model/param_layout.hpp"
 
+#include <dilocox/config.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -38,6 +40,27 @@ inline float clip_scale(const AdamWConfig& c, double grad_norm) {
   return c.grad_clip > 0 && grad_norm > c.grad_clip ? static_cast<float>(c.grad_clip / grad_norm) : 1.0f;
 }
 
+// One AdamW update (t counts updates from 1): its constants, and the rule for one element,
+// which the CPU loop below and the CUDA kernel (model/cuda/kernels.cuh) both apply.
+struct AdamWUpdate {
+  float lr, beta1, beta2, eps, grad_scale;
+  float b1t, b2t;  // bias corrections 1 - beta^t
+
+  AdamWUpdate(const AdamWConfig& c, float lr_, float grad_scale_, std::int64_t t)
+      : lr(lr_), beta1(c.beta1), beta2(c.beta2), eps(c.eps), grad_scale(grad_scale_),
+        b1t(1.0f - static_cast<float>(std::pow(c.beta1, static_cast<double>(t)))),
+        b2t(1.0f - static_cast<float>(std::pow(c.beta2, static_cast<double>(t)))) {}
+
+  // p, m, v updated in place from gradient g; wd: this tensor's weight decay (0 for none).
+  DILOCOX_HOST_DEVICE void apply(float& p, float& m, float& v, float g, float wd) const {
+    const float gi = g * grad_scale;
+    m = beta1 * m + (1.0f - beta1) * gi;
+    v = beta2 * v + (1.0f - beta2) * gi * gi;
+    const float mhat = m / b1t, vhat = v / b2t;
+    p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+  }
+};
+
 class AdamW {
  public:
   explicit AdamW(std::size_t n) : m_(n, 0.0f), v_(n, 0.0f) {}
@@ -45,21 +68,14 @@ class AdamW {
   // One update of a stage's flat parameters from its gradients; t counts updates from 1.
   void step(std::span<float> params, std::span<const float> grads, const std::vector<ParamTensor>& tensors,
             const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) {
-    const float b1t = 1.0f - static_cast<float>(std::pow(c.beta1, static_cast<double>(t)));
-    const float b2t = 1.0f - static_cast<float>(std::pow(c.beta2, static_cast<double>(t)));
+    const AdamWUpdate u(c, lr, grad_scale, t);
     for (const auto& tensor : tensors) {
       float* p = params.data() + tensor.offset;
       const float* g = grads.data() + tensor.offset;
       float* m = m_.data() + tensor.offset;
       float* v = v_.data() + tensor.offset;
       const float wd = tensor.decay ? c.weight_decay : 0.0f;
-      for (std::size_t i = 0; i < tensor.numel(); ++i) {
-        const float gi = g[i] * grad_scale;
-        m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
-        v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
-        const float mhat = m[i] / b1t, vhat = v[i] / b2t;
-        p[i] -= lr * (mhat / (std::sqrt(vhat) + c.eps) + wd * p[i]);
-      }
+      for (std::size_t i = 0; i < tensor.numel(); ++i) u.apply(p[i], m[i], v[i], g[i], wd);
     }
   }
 

@@ -225,13 +225,12 @@ class CudaStageModel final : public StageModel {
   }
 
   void adamw_step(const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) override {
-    const float b1t = 1.0f - static_cast<float>(std::pow(c.beta1, static_cast<double>(t)));
-    const float b2t = 1.0f - static_cast<float>(std::pow(c.beta2, static_cast<double>(t)));
+    const AdamWUpdate u(c, lr, grad_scale, t);
     for (const auto& ts : layout_.tensors()) {
       const std::size_t o = ts.offset, n = ts.numel();
       k::adamw<Tc><<<grid_for(n), 256, 0, stream_>>>(params_.data() + o, compute_params() + o, grads_.data() + o,
-                                                      m_.data() + o, v_.data() + o, n, lr, c.beta1, c.beta2, b1t, b2t,
-                                                      c.eps, ts.decay ? c.weight_decay : 0.0f, grad_scale);
+                                                      m_.data() + o, v_.data() + o, n, u,
+                                                      ts.decay ? c.weight_decay : 0.0f);
       launched();
     }
   }

@@ -6,6 +6,8 @@
 // Not bit-reproducible run to run: embedding and LayerNorm weight gradients use atomics.
 #pragma once
 
+#include "model/adamw.hpp"
+
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -274,17 +276,16 @@ __global__ void cross_entropy_backward(T* logits, const float* lse, const std::i
   }
 }
 
-// AdamW on fp32 master weights p; pc receives the compute copy.
+// AdamW (the CPU's rule, AdamWUpdate::apply) on fp32 master weights p; pc receives the
+// compute copy.
 template <class T>
-__global__ void adamw(float* p, T* pc, const float* g, float* m, float* v, std::size_t n, float lr, float b1, float b2,
-                      float b1t, float b2t, float eps, float wd, float grad_scale) {
+__global__ void adamw(float* p, T* pc, const float* g, float* m, float* v, std::size_t n, AdamWUpdate u, float wd) {
   DILOCOX_GRID_STRIDE(i, n) {
-    const float gi = g[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi, vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    float pi = p[i], mi = m[i], vi = v[i];
+    u.apply(pi, mi, vi, g[i], wd);
+    p[i] = pi;
     m[i] = mi;
     v[i] = vi;
-    const float pi = p[i] - lr * ((mi / b1t) / (sqrtf(vi / b2t) + eps) + wd * p[i]);
-    p[i] = pi;
     if constexpr (!std::is_same_v<T, float>) pc[i] = from_f32<T>(pi);
   }
 }
