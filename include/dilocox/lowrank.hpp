@@ -57,6 +57,12 @@ void check_projector_operand(const M& m, std::size_t rows, std::size_t cols, con
               std::to_string(rows) + " x " + std::to_string(cols));
 }
 
+// A column vanished in orthonormalization (zero or dependent input) when its norm after
+// is <= vanishing_norm(c) or <= dependent_fraction of its norm before. Shared by the
+// host and device projectors.
+inline constexpr float dependent_fraction = 1e-4f;
+inline float vanishing_norm(const LowRankConfig& c) { return std::max(c.epsilon, std::numeric_limits<float>::min()); }
+
 // The right factor q (cols, r0) resized to rank r: shrinking rotates it onto its
 // singular directions and keeps the r largest; growing appends standard normal columns
 // drawn from `seed` (advancing `draws`). Shared by the host and device projectors.
@@ -109,12 +115,12 @@ class PowerIterationProjector {
   // P <- an orthonormal basis of span(P), column by column (P is reduced by now).
   void orthonormalize_left() {
     pc_ = p_;  // column-major copy: contiguous columns for the dot products
-    const float tiny = std::max(config_.epsilon, std::numeric_limits<float>::min());
+    const float tiny = detail::vanishing_norm(config_);
     for (int j = 0; j < rank_; ++j) {
       auto v = pc_.col(j);
       const float before = v.norm();
       float after = orthogonalize_twice(j);
-      if (!(after > tiny && after > dependent_fraction * before)) {  // also catches NaN
+      if (!(after > tiny && after > detail::dependent_fraction * before)) {  // also catches NaN
         for (Eigen::Index i = 0; i < v.size(); ++i)
           v[i] = counter_normal(config_.seed ^ replacement_salt, (draws_ * rank_ + j) * rows_ + i);
         ++replacements_;
@@ -196,8 +202,6 @@ class PowerIterationProjector {
   std::uint64_t replaced_columns() const { return replacements_; }
 
  private:
-  static constexpr float dependent_fraction = 1e-4f;  // of a column's norm that must survive
-
   int checked_rank(int r) const { return detail::checked_projector_rank(rows_, cols_, r, "PowerIterationProjector"); }
 
   void resize(int r) {

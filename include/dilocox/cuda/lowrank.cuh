@@ -122,9 +122,8 @@ class PowerIterationProjector {
     check(cusolverDnSgeqrf(solver_.get(), m, rank_, pc_.data(), m, tau_.data(), work_.data(),
                            static_cast<int>(work_.size()), info_.data()),
           where, "cusolverDnSgeqrf");
-    const float tiny = std::max(config_.epsilon, 1.17549435e-38f);
     kernels::qr_signs<<<grid_size(static_cast<std::size_t>(rank_), 256), 256, 0, stream_>>>(
-        pc_.data(), rows_, rank_, norms_.data(), sign_.data(), tiny, dependent_fraction,
+        pc_.data(), rows_, rank_, norms_.data(), sign_.data(), detail::vanishing_norm(config_), detail::dependent_fraction,
         reinterpret_cast<unsigned long long*>(vanished_.data()));
     check_launch(where);
     check(cusolverDnSorgqr(solver_.get(), m, rank_, rank_, pc_.data(), m, tau_.data(), work_.data(),
@@ -225,7 +224,6 @@ class PowerIterationProjector {
 
  private:
   using PowerIterationProjectorHost = dilocox::PowerIterationProjector;
-  static constexpr float dependent_fraction = 1e-4f;
 
   int checked_rank(int r) const {
     return detail::checked_projector_rank(rows_, cols_, r, "cuda::PowerIterationProjector");
