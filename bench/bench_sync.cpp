@@ -6,7 +6,7 @@
 //   mpiexec -n 2 bench_sync [--params 1e8] [--width 1024] [--rank 16] [--gbps 1] [--latency-ms 0] [--repeats 3]
 #include <dilocox/comm/mpi.hpp>
 #include <dilocox/comm/throttled.hpp>
-#include <dilocox/compressor.hpp>
+#include <dilocox/compress/lowrank.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -114,16 +114,19 @@ int main(int argc, char** argv) {
       return s;
     };
     const std::vector<std::uint8_t> all(static_cast<std::size_t>(k), 1);
-    std::vector<double> sq(g.specs.size(), 1.0);
+    std::vector<std::size_t> every(g.specs.size());
+    for (std::size_t i = 0; i < every.size(); ++i) every[i] = i;
     auto run_dilocox = [&](auto& comm) {
       dx::LowRankCompressorConfig cfg;
       cfg.rank = o.rank;
       cfg.adaptive = false;
-      auto comp = std::make_shared<dx::LowRankCompressor<std::remove_reference_t<decltype(comm)>>>(
-          comm, g.specs, cfg, dx::ReduceAlgorithm::allgather);
-      return [&, comp, round = std::uint64_t{0}](auto&) mutable -> std::uint64_t {
+      auto comp = std::make_shared<dx::LowRankCompressor>(cfg);
+      comp->setup(g.specs);
+      auto any = std::make_shared<dx::AnyCommunicator>(comm);
+      return [&, comp, any, sync = std::uint64_t{0}](auto&) mutable -> std::uint64_t {
         for (std::size_t i = 0; i < x.size(); ++i) std::copy(g.data[i].begin(), g.data[i].end(), x[i].begin());
-        return comp->sync(spans(x), {all, sq, round++}, spans(delta)).cost.bytes;
+        const auto xs = spans(x), ds = spans(delta);
+        return comp->sync(*any, {every, all, sync++}, xs, ds).cost.bytes;
       };
     };
 

@@ -3,7 +3,7 @@
 // pseudo-gradient-like values, as a set OuterLoop or a compressor can take.
 #pragma once
 
-#include <dilocox/compressor.hpp>
+#include <dilocox/compress/compressor.hpp>
 #include <dilocox/random.hpp>
 
 #include <string>

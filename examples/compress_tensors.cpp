@@ -98,7 +98,7 @@ std::vector<std::pair<std::string, RowM>> read_dump(const std::string& path) {
   for (std::size_t at = 0; at < bytes.size();) {
     const dx::PayloadView v = dx::read_payload(bytes.subspan(at));
     at += v.size;
-    if (v.header.kind != dx::PayloadKind::dense_f32 || v.header.shape.rank != 2) continue;
+    if (v.header.kind != dx::PayloadKind::dense_f32 || v.header.shape.ndim != 2) continue;
     RowM x(static_cast<Eigen::Index>(v.header.shape[0]), static_cast<Eigen::Index>(v.header.shape[1]));
     std::memcpy(x.data(), v.body.data(), static_cast<std::size_t>(x.size()) * 4);
     if (x.rows() >= 16 && x.cols() >= 16 && x.norm() > 0) out.emplace_back(std::string(v.name), std::move(x));

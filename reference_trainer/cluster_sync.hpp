@@ -1,13 +1,13 @@
 // reference_trainer/cluster_sync.hpp: what one rank (k, s) does across clusters, over
 // the `stage` communicator (the K replicas of stage s) wrapped in an emulated WAN
 // (ThrottledLink): AllReduce averages the gradient every step (fp32, the baseline);
-// the other modes run the library's OuterLoop on the stage's parameters every H steps:
-// diloco (dense pseudo-gradient, fp32/fp16/int8), cocktail (random + top-k + int4,
-// error feedback) and dilocox (low rank + int4 + error feedback + adaptive rank and H,
-// one-step-delay overlap). Also the accounting the summary reports.
+// every other mode of sync_modes.hpp runs the library's OuterLoop on the stage's
+// parameters with that mode's compressor, stepped after every inner step. Also the
+// accounting the summary reports. Not here: which modes exist (sync_modes.hpp).
 #pragma once
 
 #include "model/stage_model.hpp"
+#include "sync_modes.hpp"
 
 #include <dilocox/checksum.hpp>
 #include <dilocox/comm/mpi.hpp>
@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,54 +26,16 @@
 
 namespace dilocox::trainer {
 
-enum class SyncKind { allreduce, diloco, cocktail, dilocox };
-
-inline SyncKind parse_sync(const std::string& s) {
-  if (s == "allreduce") return SyncKind::allreduce;
-  if (s == "diloco") return SyncKind::diloco;
-  if (s == "cocktail") return SyncKind::cocktail;
-  if (s == "dilocox") return SyncKind::dilocox;
-  throw Error("unknown --sync '" + s + "' (allreduce, diloco, cocktail, dilocox)");
-}
-inline const char* to_string(SyncKind k) {
-  switch (k) {
-    case SyncKind::allreduce: return "allreduce";
-    case SyncKind::diloco: return "diloco";
-    case SyncKind::cocktail: return "cocktail";
-    case SyncKind::dilocox: return "dilocox";
-  }
-  return "?";
-}
-
-struct SyncOptions {
-  SyncKind kind = SyncKind::dilocox;
-  int bits = 0;             // 0: the mode's default (diloco 8, cocktail and dilocox 4); 32/16/8/4
-  int rank = 8;             // dilocox: initial rank r0
-  int max_rank = 16;        // dilocox adaptive: r_max
-  int local_steps = 20;     // H0
-  int max_local_steps = 500;  // dilocox adaptive: H_max
-  bool overlap = true;      // dilocox: one-step-delay
-  bool adaptive = true;     // dilocox: adaptive rank and H
-  Rebase rebase = Rebase::keep;
-  float outer_lr = 0.7f, outer_momentum = 0.5f;
-  LinkConfig link{1e9, 0.0};
-};
-
-inline int default_bits(const SyncOptions& o) {
-  if (o.bits) return o.bits;
-  return o.kind == SyncKind::diloco ? 8 : o.kind == SyncKind::allreduce ? 32 : 4;
-}
-
 using WanLink = ThrottledLink<MpiCommunicator>;
 
 class ClusterSync {
  public:
   // stage_comm: the K replicas of this stage (rank = replica). sync_tied: whether this
   // stage's copy of the tied embedding takes part (the last stage's copy is refreshed
-  // from the first stage's instead).
-  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, StageModel& model, bool sync_tied, std::uint64_t seed)
-      : o_(o), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
-    if (o.kind == SyncKind::allreduce) return;
+  // from the first stage's instead). resuming: load_state() follows (replicas' phi may differ).
+  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, StageModel& model, bool sync_tied, bool resuming)
+      : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
+    if (mode_->per_step) return;
     std::vector<NamedTensor> params;
     for (const auto& t : model.tensors()) {
       if (t.name == "wte" && !sync_tied) continue;
@@ -80,40 +43,10 @@ class ClusterSync {
       synced_.push_back(model.param(t));
       stage_floats_ += t.numel();
     }
-    OuterLoopConfig c;
-    c.local_steps = o.local_steps;
-    c.rebase = o.rebase;
-    c.outer.lr = o.outer_lr;
-    c.outer.momentum = o.outer_momentum;
-    c.seed = seed;
-    const int bits = default_bits(o);
-    switch (o.kind) {
-      case SyncKind::diloco:
-        c.mode = SyncMode::dense;
-        c.overlap = false;
-        c.dense_codec = bits == 32   ? Codec{Encoding::f32, {}}
-                        : bits == 16 ? Codec{Encoding::f16, {}}
-                                     : Codec{Encoding::quantized, QuantConfig{.bits = bits, .block = 128}};
-        break;
-      case SyncKind::cocktail:
-        c.mode = SyncMode::cocktail;
-        c.overlap = false;
-        c.cocktail.quant.bits = bits;
-        break;
-      case SyncKind::dilocox:
-        c.mode = SyncMode::dilocox;
-        c.overlap = o.overlap;
-        c.lowrank.rank = o.rank;
-        c.lowrank.factor_quant.bits = bits;
-        c.lowrank.adaptive = o.adaptive;
-        c.lowrank.adaptive_config.r_max = std::max(o.max_rank, o.rank);
-        c.lowrank.adaptive_config.h_max = std::max(o.max_local_steps, o.local_steps);
-        c.lowrank.adaptive_config.h_min = std::min(c.lowrank.adaptive_config.h_min, o.local_steps);
-        break;
-      case SyncKind::allreduce:
-        break;
-    }
-    loop_.emplace(link_, std::move(params), c);
+    AnyCompressor compressor = mode_->make(o);
+    OuterLoopConfig c = outer_loop_config(*mode_, o, compressor);
+    c.defer_start_check = resuming;
+    loop_.emplace(link_, std::move(params), std::move(compressor), c);
   }
 
   // Writes the global parameters theta into the synced tensors (for evaluating the
@@ -126,11 +59,12 @@ class ClusterSync {
     }
   }
 
-  bool per_step() const { return o_.kind == SyncKind::allreduce; }
+  bool per_step() const { return mode_->per_step; }
   int replicas() const { return link_.size(); }
   int replica() const { return link_.rank(); }
   int local_steps() const { return loop_ ? loop_->local_steps() : 1; }
   std::string describe() const { return loop_ ? loop_->describe() : "fp32 gradient allreduce every step"; }
+  OuterLoop<WanLink>* loop() { return loop_ ? &*loop_ : nullptr; }
 
   // AllReduce mode: grads <- mean over the replicas whose gradient is finite (a replica
   // with a NaN/Inf gradient contributes nothing, and takes the others' mean). Returns
@@ -147,11 +81,18 @@ class ClusterSync {
     return good;
   }
 
-  void begin_round() {
-    if (loop_) loop_->begin_round();
+  // Outer-loop modes, after every inner step: the syncs applied (when any, the
+  // parameters changed).
+  std::vector<SyncStats> after_step() { return record(loop_->step()); }
+  std::vector<SyncStats> finish() { return loop_ ? record(loop_->finish()) : std::vector<SyncStats>{}; }
+
+  // Makes this replica sit out the next sync (its pseudo-gradient turns non-finite: the
+  // protocol drops it on every replica, reports it, and it restarts from theta).
+  void drop_next_sync() {
+    const auto tensors = loop_->fragment_tensors(loop_->next_fragment());
+    synced_[tensors.front()][0] = std::numeric_limits<float>::quiet_NaN();
   }
-  RoundStats end_round() { return record(loop_->end_round()); }
-  RoundStats finish() { return loop_ ? record(loop_->finish()) : RoundStats{}; }
+  bool next_step_syncs() const { return loop_ && loop_->next_step_syncs(); }
 
   // What an fp32 ring allreduce of every step's gradient would have moved, for steps
   // taken by the outer-loop modes (AllReduce counts its own).
@@ -181,7 +122,7 @@ class ClusterSync {
     w.value(comm_seconds_);
     w.value(hidden_seconds_);
     w.value(last_rank_);
-    w.value<std::int32_t>(rounds_);
+    w.value<std::int32_t>(syncs_);
     w.value<std::int32_t>(dropped_);
     w.value(link_.stats().wire_bytes + wire_before_);
     std::vector<std::byte> loop = loop_ ? loop_->save_state() : std::vector<std::byte>{};
@@ -194,7 +135,7 @@ class ClusterSync {
     comm_seconds_ = r.value<double>();
     hidden_seconds_ = r.value<double>();
     last_rank_ = r.value<double>();
-    rounds_ = r.value<std::int32_t>();
+    syncs_ = r.value<std::int32_t>();
     dropped_ = r.value<std::int32_t>();
     wire_before_ = r.value<std::uint64_t>();
     const auto loop = r.vector<std::byte>();
@@ -206,8 +147,8 @@ class ClusterSync {
   double comm_seconds() const { return comm_seconds_; }
   double hidden_seconds() const { return hidden_seconds_; }
   double last_rank() const { return last_rank_; }
-  int rounds() const { return rounds_; }
-  int dropped_rounds() const { return dropped_; }
+  int syncs() const { return syncs_; }
+  int dropped_syncs() const { return dropped_; }
   double link_seconds() const { return link_.stats().link_seconds; }
 
  private:
@@ -220,18 +161,18 @@ class ClusterSync {
     MPI_Comm comm_;
   };
 
-  RoundStats record(RoundStats s) {
-    if (s.applied) {
-      ++rounds_;
+  std::vector<SyncStats> record(std::vector<SyncStats> stats) {
+    for (const auto& s : stats) {
+      ++syncs_;
       comm_seconds_ += s.comm_seconds;
       hidden_seconds_ += s.hidden_seconds;
-      last_rank_ = s.rank;
+      last_rank_ = s.low_rank;
       if (!s.dropped.empty()) ++dropped_;
     }
-    return s;
+    return stats;
   }
 
-  SyncOptions o_;
+  const SyncMode* mode_;
   MpiCommunicator mpi_;
   Control control_;
   WanLink link_;
@@ -242,7 +183,7 @@ class ClusterSync {
   std::uint64_t dense_bytes_ = 0;
   std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume
   double comm_seconds_ = 0, hidden_seconds_ = 0, last_rank_ = 0;
-  int rounds_ = 0, dropped_ = 0;
+  int syncs_ = 0, dropped_ = 0;
 };
 
 }  // namespace dilocox::trainer

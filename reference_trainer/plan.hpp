@@ -3,12 +3,13 @@
 // AdamW, outer-loop state, error feedback, workspace) with the smallest sharding of a
 // stage that fits the GPU, bytes on the wire and seconds per outer round for each
 // sync mode on the given link, and the tokens/s that follow from a per-rank compute
-// rate. Bytes come from the library's own payload sizes and ring costs, so the plan
-// and a real run count the same way. Pure arithmetic; allocates nothing model-sized.
+// rate. Bytes and state come from each mode's compressor (wire_bytes, state_bytes), so
+// the plan and a real run count the same way. Pure arithmetic; allocates nothing
+// model-sized; no MPI.
 #pragma once
 
-#include "cluster_sync.hpp"
 #include "model/gpt_config.hpp"
+#include "sync_modes.hpp"
 
 #include <dilocox/comm/cost.hpp>
 #include <dilocox/wire.hpp>
@@ -36,7 +37,7 @@ struct MemoryPlan {  // bytes per rank
 };
 
 struct ModePlan {
-  SyncKind kind;
+  std::string mode;
   int steps_per_round = 1;
   double wire_bytes_per_round = 0;   // per rank (one stage shard), under the real algorithm
   double comm_seconds_per_round = 0;
@@ -90,72 +91,58 @@ inline GptConfig shape_for_params(std::int64_t n) {
   return c;
 }
 
-inline double payload_bytes(PayloadKind kind, std::size_t n, const QuantConfig& q) {
-  PayloadHeader h{kind, {n}, q, 0};
-  return static_cast<double>(payload_size(h, ""));
-}
-
-// Bytes one rank puts on the wire for one outer round of stage s (or one step, AllReduce).
-inline double round_wire_bytes(const PlanInput& in, SyncKind kind, int s, int shards) {
+// The tensors of stage s as one rank of `shards` holds them (rows split), for the
+// compressors' wire_bytes and state_bytes; the vectors as one tensor.
+inline std::vector<TensorSpec> stage_specs(const PlanInput& in, int s, int shards) {
   std::vector<PlanMatrix> mats;
   std::int64_t vec = 0;
   stage_tensors(in.model, in.stages, s, mats, vec);
-  double total = static_cast<double>(vec);
-  for (const auto& m : mats) total += static_cast<double>(m.rows) * static_cast<double>(m.cols);
-  if (in.params_override > 0) total = static_cast<double>(in.params_override) / in.stages;
-  total /= shards;
-  const int K = in.clusters;
-  const auto n = static_cast<std::size_t>(total);
-  const int bits = default_bits(in.sync.kind == kind ? in.sync : SyncOptions{.kind = kind});
-  switch (kind) {
-    case SyncKind::allreduce:
-      return static_cast<double>(ring_allreduce_cost(n * 4, K).bytes);
-    case SyncKind::diloco: {
-      const double p = bits == 32   ? payload_bytes(PayloadKind::dense_f32, n, {})
-                       : bits == 16 ? payload_bytes(PayloadKind::dense_f16, n, {})
-                                    : payload_bytes(PayloadKind::quantized, n, {.bits = bits, .block = 128});
-      return static_cast<double>(ring_allgather_cost(static_cast<std::uint64_t>(p), K).bytes);
-    }
-    case SyncKind::cocktail: {
-      const CocktailConfig cc;
-      const auto nnz = static_cast<std::size_t>(std::round(total * cc.random_fraction * cc.topk_fraction));
-      PayloadHeader h{PayloadKind::sparse_quantized, {n}, {.bits = bits, .block = 64}, static_cast<std::uint32_t>(std::min<std::size_t>(nnz, UINT32_MAX))};
-      return static_cast<double>(ring_allgather_cost(payload_size(h, ""), K).bytes);
-    }
-    case SyncKind::dilocox: {
-      const LowRankCompressorConfig lc;
-      const QuantConfig fq{.bits = bits, .block = lc.factor_quant.block};
-      const std::int64_t r = in.sync.rank;
-      double bytes = 0, small = static_cast<double>(vec) / shards;
-      for (const auto& m : mats) {
-        const double rows = static_cast<double>(m.rows) / shards;
-        if ((rows + static_cast<double>(m.cols)) * static_cast<double>(r) <
-            rows * static_cast<double>(m.cols) / lc.min_ratio) {
-          bytes += payload_bytes(PayloadKind::quantized, static_cast<std::size_t>(rows * r), fq);
-          bytes += payload_bytes(PayloadKind::quantized, static_cast<std::size_t>(m.cols * r), fq);
-        } else {
-          small += rows * static_cast<double>(m.cols);
-        }
-      }
-      if (small > 0) bytes += payload_bytes(PayloadKind::quantized, static_cast<std::size_t>(small), lc.small_quant);
-      return static_cast<double>(ring_allgather_cost(static_cast<std::uint64_t>(bytes), K).bytes);
-    }
+  std::vector<TensorSpec> specs;
+  if (in.params_override > 0) {  // a model known only by size: one vector of its share
+    specs.push_back({"params", {static_cast<std::size_t>(in.params_override / in.stages / shards)}});
+    return specs;
   }
-  return 0;
+  for (std::size_t i = 0; i < mats.size(); ++i)
+    specs.push_back({"m" + std::to_string(i),
+                     {static_cast<std::size_t>((mats[i].rows + shards - 1) / shards), static_cast<std::size_t>(mats[i].cols)}});
+  if (vec > 0) specs.push_back({"vectors", {static_cast<std::size_t>((vec + shards - 1) / shards)}});
+  return specs;
+}
+
+// The options a mode runs with in this plan: the user's, with --bits only for the chosen mode.
+inline SyncOptions options_for(const PlanInput& in, const SyncMode& m) {
+  SyncOptions o = in.sync;
+  o.mode = m.name;
+  if (m.name != in.sync.mode) o.bits = 0;
+  return o;
+}
+
+// Bytes one rank puts on the wire for one outer round of stage s (or one step, AllReduce).
+inline double round_wire_bytes(const PlanInput& in, const SyncMode& m, int s, int shards) {
+  const auto specs = stage_specs(in, s, shards);
+  if (m.per_step) {
+    std::uint64_t n = 0;
+    for (const auto& t : specs) n += t.shape.numel();
+    return static_cast<double>(ring_allreduce_cost(n * 4, in.clusters).bytes);
+  }
+  const auto bytes = m.make(options_for(in, m)).wire_bytes(specs, in.clusters);
+  dilocox::detail::require(bytes.has_value(), "plan", "--sync " + m.name + ": its compressor does not report wire_bytes");
+  return static_cast<double>(*bytes);
 }
 
 // Per-rank memory of stage s with the stage sharded `shards` ways (ZeRO-3 style: every
 // per-parameter buffer split; activations are per micro-batch and not split).
-inline MemoryPlan stage_memory(const PlanInput& in, SyncKind kind, double stage_params, int s, int shards) {
+inline MemoryPlan stage_memory(const PlanInput& in, const SyncMode& mode, double stage_params, int s, int shards) {
   MemoryPlan m;
   const double p = stage_params / shards;
   m.weights = 4 * p;  // fp32, as dilocox-train holds them
   m.grads = 4 * p;
   m.adamw = 8 * p;    // m and v
-  if (kind != SyncKind::allreduce && in.clusters > 1) {
+  if (!mode.per_step && in.clusters > 1) {
     m.outer = 12 * p;        // global theta, the anchor, Nesterov momentum
-    m.workspace = 24 * p;    // OuterLoop's two round slots: delta, its compressed copy, the mean
-    m.error_feedback = (kind == SyncKind::cocktail || kind == SyncKind::dilocox) ? 4 * p : 0;
+    m.workspace = 24 * p;    // OuterLoop's two sync slots: delta, its compressed copy, the mean
+    const auto state = mode.make(options_for(in, mode)).state_bytes(stage_specs(in, s, shards));
+    m.error_feedback = state ? static_cast<double>(*state) : 0;  // the compressor's own state
   }
   // Activations of the micro-batches in flight (1F1B: stages - s on stage s), per layer
   // per token: 8C + 2F + heads x T + 4 floats (what GptStage keeps for backward).
@@ -187,13 +174,13 @@ inline Plan make_plan(PlanInput in) {
     if (in.params_override > 0) n = static_cast<double>(in.params_override) / in.stages;
     if (n > plan.stage_params) plan.stage_params = n, worst = s;
   }
-  const SyncKind kind = in.sync.kind;
+  const SyncMode& chosen = sync_mode(in.sync.mode);
   plan.shards = in.shards > 0 ? in.shards : 1;
   if (in.shards == 0)
-    while (stage_memory(in, kind, plan.stage_params, worst, plan.shards).total() > in.gpu_memory &&
+    while (stage_memory(in, chosen, plan.stage_params, worst, plan.shards).total() > in.gpu_memory &&
            plan.shards < 4096)
       ++plan.shards;
-  plan.memory = stage_memory(in, kind, plan.stage_params, worst, plan.shards);
+  plan.memory = stage_memory(in, chosen, plan.stage_params, worst, plan.shards);
   plan.fits = plan.memory.total() <= in.gpu_memory;
 
   // Compute: a cluster of stages x shards ranks runs one replica's step; the pipeline
@@ -204,17 +191,17 @@ inline Plan make_plan(PlanInput in) {
   const double flops = in.params_override > 0 ? 6.0 * static_cast<double>(plan.params) : in.model.flops_per_token(in.seq_len);
   plan.step_compute_seconds = step_tokens * flops / (ranks * in.rank_flops) * bubble;
 
-  for (SyncKind k : {SyncKind::allreduce, SyncKind::diloco, SyncKind::cocktail, SyncKind::dilocox}) {
+  for (const SyncMode& m : sync_modes()) {
     ModePlan mp;
-    mp.kind = k;
-    mp.steps_per_round = k == SyncKind::allreduce ? 1 : in.sync.local_steps;
+    mp.mode = m.name;
+    mp.steps_per_round = m.per_step ? 1 : in.sync.local_steps;
     double bytes = 0;
-    for (int s = 0; s < in.stages; ++s) bytes = std::max(bytes, round_wire_bytes(in, k, s, plan.shards));
+    for (int s = 0; s < in.stages; ++s) bytes = std::max(bytes, round_wire_bytes(in, m, s, plan.shards));
     mp.wire_bytes_per_round = bytes;
-    const int hops = k == SyncKind::allreduce ? 2 * (in.clusters - 1) : in.clusters - 1;
+    const int hops = m.per_step ? 2 * (in.clusters - 1) : in.clusters - 1;
     mp.comm_seconds_per_round = link_seconds({static_cast<std::uint64_t>(bytes), hops}, in.sync.link);
     mp.compute_seconds_per_round = mp.steps_per_round * plan.step_compute_seconds;
-    const bool overlap = k == SyncKind::dilocox && in.sync.overlap;
+    const bool overlap = !m.per_step && in.sync.overlap.value_or(m.overlap);
     mp.round_seconds = overlap ? std::max(mp.compute_seconds_per_round, mp.comm_seconds_per_round)
                                : mp.compute_seconds_per_round + mp.comm_seconds_per_round;
     mp.tokens_per_second = in.clusters * mp.steps_per_round * step_tokens / mp.round_seconds;

@@ -32,7 +32,7 @@ inline std::string human_seconds(double s) {
 inline nlohmann::json plan_json(const PlanInput& in, const Plan& p) {
   nlohmann::json modes = nlohmann::json::array();
   for (const auto& m : p.modes)
-    modes.push_back({{"sync", to_string(m.kind)}, {"steps_per_round", m.steps_per_round},
+    modes.push_back({{"sync", m.mode}, {"steps_per_round", m.steps_per_round},
                      {"wire_bytes_per_round", m.wire_bytes_per_round}, {"comm_seconds_per_round", m.comm_seconds_per_round},
                      {"compute_seconds_per_round", m.compute_seconds_per_round}, {"round_seconds", m.round_seconds},
                      {"tokens_per_second", m.tokens_per_second}});
@@ -52,11 +52,11 @@ inline void print_plan(const PlanInput& in, const Plan& p) {
               (human_bytes(in.sync.link.bits_per_second / 8) + "/s").c_str(),
               human_seconds(in.sync.link.latency_seconds).c_str(), in.batch, in.seq_len, in.rank_flops);
   std::printf("memory per rank (largest stage, %.3g parameters / %d shards, sync %s):\n", p.stage_params, p.shards,
-              to_string(in.sync.kind));
+              in.sync.mode.c_str());
   const std::pair<const char*, double> rows[] = {
       {"weights (fp32)", p.memory.weights},       {"gradients", p.memory.grads},
       {"AdamW m, v", p.memory.adamw},             {"outer: theta, anchor, momentum", p.memory.outer},
-      {"error feedback", p.memory.error_feedback}, {"workspace: round slots", p.memory.workspace},
+      {"compressor state (error feedback)", p.memory.error_feedback}, {"workspace: sync slots", p.memory.workspace},
       {"activations in flight", p.memory.activations}};
   for (const auto& [name, b] : rows) std::printf("  %-32s %12s\n", name, human_bytes(b).c_str());
   std::printf("  %-32s %12s  (%s %s per rank)\n\n", "total", human_bytes(p.memory.total()).c_str(),
@@ -64,7 +64,7 @@ inline void print_plan(const PlanInput& in, const Plan& p) {
   std::printf("%-10s %6s %16s %14s %14s %14s %14s\n", "sync", "H", "wire/round/rank", "comm/round", "compute/round",
               "round", "tokens/s");
   for (const auto& m : p.modes)
-    std::printf("%-10s %6d %16s %14s %14s %14s %14.1f\n", to_string(m.kind), m.steps_per_round,
+    std::printf("%-10s %6d %16s %14s %14s %14s %14.1f\n", m.mode.c_str(), m.steps_per_round,
                 human_bytes(m.wire_bytes_per_round).c_str(), human_seconds(m.comm_seconds_per_round).c_str(),
                 human_seconds(m.compute_seconds_per_round).c_str(), human_seconds(m.round_seconds).c_str(),
                 m.tokens_per_second);

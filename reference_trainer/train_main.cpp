@@ -105,25 +105,24 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
 
 SyncOptions resolve_sync(const TrainOptions& o) {
   SyncOptions s;
-  s.kind = parse_sync(o.sync);
+  s.mode = o.sync;
   s.bits = o.bits;
-  if (s.kind == SyncKind::cocktail || s.kind == SyncKind::dilocox) {
-    if (s.bits != 0 && s.bits != 4 && s.bits != 8)
-      throw UsageError("--bits " + std::to_string(s.bits) + ": --sync " + o.sync + " quantizes to 4 or 8 bits");
-  }
   s.rank = o.rank;
   s.max_rank = o.max_rank;
   s.local_steps = o.local_steps;
   s.max_local_steps = o.max_local_steps;
-  s.overlap = !o.no_overlap;
+  if (o.overlap_given) s.overlap = o.overlap;
   s.adaptive = !o.no_adaptive;
+  s.fragments = o.fragments;
   s.rebase = o.rebase == "keep" ? dilocox::Rebase::keep
              : o.rebase == "overwrite" ? dilocox::Rebase::overwrite : dilocox::Rebase::blend;
-  s.outer_lr = o.outer_lr;
-  s.outer_momentum = o.outer_momentum;
+  if (o.outer_lr > 0) s.outer_lr = o.outer_lr;
+  if (o.outer_momentum >= 0) s.outer_momentum = o.outer_momentum;
+  s.step_seconds = o.step_seconds;
   try {
     s.link.bits_per_second = dilocox::parse_bits_per_second(o.wan_bandwidth);
     s.link.latency_seconds = dilocox::parse_seconds(o.wan_latency);
+    validate(sync_mode(s.mode), s);
   } catch (const dilocox::Error& e) {
     throw UsageError(e.what());
   }
@@ -248,7 +247,7 @@ class Run {
     const auto* wte = model.tied_embedding();
     std::optional<ClusterSync> sync;
     if (K > 1) {
-      sync.emplace(sync_opts, stage_comm, model, /*sync_tied=*/stage == 0, o_.seed);
+      sync.emplace(sync_opts, stage_comm, model, /*sync_tied=*/stage == 0, /*resuming=*/o_.resume);
       if (sync->per_step())
         trainer.set_gradient_hook([&](std::span<float> g, bool finite) { return sync->average_gradients(g, finite); });
     }
@@ -256,14 +255,15 @@ class Run {
     std::optional<PseudoGradientDump> dump;
     if (!o_.dump_pseudo_gradients.empty()) {
       if (!rounds) throw UsageError("--dump-pseudo-gradients needs --clusters > 1 and an outer-loop --sync");
+      if (sync_opts.fragments != 1) throw UsageError("--dump-pseudo-gradients needs --fragments 1");
       if (replica_ == 0) dump.emplace(o_.dump_pseudo_gradients, stage);
     }
-    std::uint64_t round_index = 0;
+    std::uint64_t dump_index = 0;
 
     sync_ = sync ? &*sync : nullptr;
     std::int64_t start = 0;
     if (o_.resume) start = resume(trainer, total_steps);
-    std::int64_t last_checkpoint = start, last_eval_step = start;
+    std::int64_t last_checkpoint = start;
     std::ofstream metrics;
     if (rank_ == 0 && !o_.metrics.empty()) {
       metrics.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
@@ -279,8 +279,8 @@ class Run {
 
     double train_seconds = 0, last_eval = std::numeric_limits<double>::quiet_NaN();
     std::int64_t step = start, trained_here = 0;
-    bool interrupted = false;
-    int mismatched_rounds = 0;
+    bool interrupted = false, skipped_since_sync = false;
+    int mismatched_syncs = 0;
     // Evaluates the global model: in the outer-loop modes theta (identical on every
     // replica), swapped in for the evaluation; otherwise the parameters as they are.
     std::vector<float> saved;
@@ -304,9 +304,13 @@ class Run {
       std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at), last_eval);
       if (rank_ == 0) progress.note(buf);
     };
-    // The last stage's copy of the tied embedding follows the first stage's after a round.
-    auto refresh_tied = [&] {
-      if (wte && S > 1) link.copy_tied(model.param(*wte));
+    // The last stage's copy of the tied embedding follows the first stage's after the first
+    // stage synced: every stage of the cluster learns it from one flag (their schedules differ).
+    auto refresh_tied = [&](bool first_stage_synced) {
+      if (!wte || S == 1) return;
+      int flag = first_stage_synced ? 1 : 0;
+      MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MAX, cluster);
+      if (flag) link.copy_tied(model.param(*wte));
     };
     // Whether to stop now (a signal on any rank, or --stop-after): every rank agrees.
     auto should_stop = [&] {
@@ -322,61 +326,53 @@ class Run {
       return true;
     };
     install_signal_handlers();
+    if (dump) dump->begin_round(model);
     while (step < total_steps && !interrupted) {
-      const std::int64_t H = rounds ? agreed_local_steps(*sync) : 1;
-      if (rounds) sync->begin_round();
-      if (dump) dump->begin_round(model);
-      bool round_skipped = false;
-      for (std::int64_t h = 0; h < H && step < total_steps; ++h) {
-        if (fault_step == step + 1 && fault_replica == replica_) trainer.inject_nan_next_step();
-        const double t0 = now_seconds();
-        const StepStats st = trainer.train_step(step, total_steps, train_sampler);
-        if (sync) sync->count_dense_step();
-        train_seconds += now_seconds() - t0;
-        ++step;
-        ++trained_here;
-        round_skipped = round_skipped || st.skipped;
-        const double tps = static_cast<double>(trained_here * step_tokens) / train_seconds;
-        if (metrics.is_open()) {
-          json line{{"type", "step"}, {"step", step}, {"tokens", step * step_tokens}, {"loss", st.loss},
-                    {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
-                    {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start}};
-          if (sync && sync->per_step()) line["contributors"] = st.contributors;
-          metrics << line.dump() << '\n' << std::flush;
-        }
-        if (st.skipped && rank_ == 0)
-          progress.note("step " + std::to_string(step) + ": non-finite gradient, update skipped");
-        if (sync && sync->per_step() && st.contributors < K && rank_ == 0)
-          progress.note("step " + std::to_string(step) + ": " + std::to_string(K - st.contributors) +
-                        " replica(s) with a non-finite gradient left out of the average");
-        progress.step(step, st.loss, tps,
-                      static_cast<double>(total_steps - step) * train_seconds / static_cast<double>(trained_here));
-        if (!rounds && o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
-        if (!rounds) {
-          if (o_.checkpoint_every > 0 && step % o_.checkpoint_every == 0 && step < total_steps)
-            save(trainer, step, total_steps, progress);
-          interrupted = should_stop();
-          if (interrupted) break;
-        }
-      }
-      if (!rounds) continue;
-      model.pull_params();
-      // A replica that had to skip a step for a non-finite gradient sits the round out:
-      // its pseudo-gradient is marked non-finite, the round protocol leaves it out on
-      // every replica and reports it, and the replica rebases onto the global model.
-      if (round_skipped) model.param(model.tensors().front())[0] = std::numeric_limits<float>::quiet_NaN();
-      if (dump) dump->write(round_index, model);
-      ++round_index;
+      if (fault_step == step + 1 && fault_replica == replica_) trainer.inject_nan_next_step();
       const double t0 = now_seconds();
-      const dilocox::RoundStats rs = sync->end_round();
-      refresh_tied();
-      model.push_params();
-      train_seconds += now_seconds() - t0;
-      round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
-      if (o_.eval_every > 0 && step - last_eval_step >= o_.eval_every && step < total_steps) {
-        evaluate(step);
-        last_eval_step = step;
+      const StepStats st = trainer.train_step(step, total_steps, train_sampler);
+      if (sync) sync->count_dense_step();
+      ++step;
+      ++trained_here;
+      skipped_since_sync = skipped_since_sync || st.skipped;
+      // The outer loop, after every inner step: a sync when this step ends a fragment's turn.
+      if (rounds) {
+        const bool due = sync->next_step_syncs();
+        if (due) {
+          model.pull_params();
+          // A replica that had to skip a step for a non-finite gradient sits the sync out:
+          // the protocol leaves it out on every replica, reports it, and it restarts from theta.
+          if (skipped_since_sync) sync->drop_next_sync();
+          skipped_since_sync = false;
+          if (dump) dump->write(dump_index++, model);
+        }
+        const auto stats = sync->after_step();
+        if (due) {
+          refresh_tied(stage == 0);
+          model.push_params();
+          if (dump) dump->begin_round(model);
+        } else {
+          refresh_tied(false);
+        }
+        for (const auto& rs : stats) sync_event(rs, step, step_tokens, metrics, progress, mismatched_syncs, *sync);
       }
+      train_seconds += now_seconds() - t0;
+      const double tps = static_cast<double>(trained_here * step_tokens) / train_seconds;
+      if (metrics.is_open()) {
+        json line{{"type", "step"}, {"step", step}, {"tokens", step * step_tokens}, {"loss", st.loss},
+                  {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
+                  {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start}};
+        if (sync && sync->per_step()) line["contributors"] = st.contributors;
+        metrics << line.dump() << '\n' << std::flush;
+      }
+      if (st.skipped && rank_ == 0)
+        progress.note("step " + std::to_string(step) + ": non-finite gradient, update skipped");
+      if (sync && sync->per_step() && st.contributors < K && rank_ == 0)
+        progress.note("step " + std::to_string(step) + ": " + std::to_string(K - st.contributors) +
+                      " replica(s) with a non-finite gradient left out of the average");
+      progress.step(step, st.loss, tps,
+                    static_cast<double>(total_steps - step) * train_seconds / static_cast<double>(trained_here));
+      if (o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
       if (o_.checkpoint_every > 0 && step - last_checkpoint >= o_.checkpoint_every && step < total_steps) {
         save(trainer, step, total_steps, progress);
         last_checkpoint = step;
@@ -384,10 +380,10 @@ class Run {
       interrupted = should_stop();
     }
     if (rounds && !interrupted) {
-      const dilocox::RoundStats rs = sync->finish();
-      refresh_tied();
+      const auto stats = sync->finish();
+      refresh_tied(true);
       model.push_params();
-      if (rs.applied) round_event(rs, step, step_tokens, metrics, progress, mismatched_rounds, *sync);
+      for (const auto& rs : stats) sync_event(rs, step, step_tokens, metrics, progress, mismatched_syncs, *sync);
     }
     if (!interrupted) evaluate(step);
     if (!o_.checkpoint_dir.empty()) save(trainer, step, total_steps, progress);
@@ -411,7 +407,7 @@ class Run {
       const double comm = sum_over(world_, sync->per_step() ? sync->link_seconds() : sync->comm_seconds());
       const double hidden = sum_over(world_, sync->hidden_seconds());
       const double rank_sum = sum_over(world_, sync->last_rank());
-      int bad = mismatched_rounds;
+      int bad = mismatched_syncs;
       MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world_);
       summary["sync"] = o_.sync;
       summary["wire_bytes"] = wire;
@@ -420,8 +416,8 @@ class Run {
       summary["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
       summary["final_rank"] = rank_sum / world_size_;
       summary["final_local_steps"] = rounds ? sync->local_steps() : 1;
-      summary["rounds"] = sync->rounds();
-      summary["dropped_rounds"] = sync->dropped_rounds();
+      summary["syncs"] = sync->syncs();
+      summary["dropped_syncs"] = sync->dropped_syncs();
       summary["replicas_identical"] = bad == 0;
     }
     sync_ = nullptr;
@@ -436,32 +432,27 @@ class Run {
   }
 
  private:
-  // Every rank of every replica runs the same H: the smallest any stage asks for.
-  std::int64_t agreed_local_steps(const ClusterSync& sync) {
-    int h = sync.local_steps();
-    MPI_Allreduce(MPI_IN_PLACE, &h, 1, MPI_INT, MPI_MIN, world_);
-    return h;
-  }
-
-  void round_event(const dilocox::RoundStats& rs, std::int64_t step, std::int64_t step_tokens, std::ofstream& metrics,
-                   ProgressLine& progress, int& mismatched, ClusterSync& sync) {
+  void sync_event(const dilocox::SyncStats& rs, std::int64_t step, std::int64_t step_tokens, std::ofstream& metrics,
+                  ProgressLine& progress, int& mismatched, ClusterSync& sync) {
     const bool agree = sync.replicas_agree();
     if (!agree) ++mismatched;
-    if (!rs.applied) return;
     if (metrics.is_open()) {
       json dropped = json::array();
       for (const auto& d : rs.dropped) dropped.push_back({{"replica", d.replica}, {"tensor", d.tensor}});
-      metrics << json{{"type", "round"}, {"round", rs.round}, {"step", step}, {"tokens", step * step_tokens},
-                      {"rank", rs.rank}, {"local_steps", rs.local_steps}, {"wire_bytes", rs.wire_bytes},
-                      {"dense_bytes", rs.dense_bytes}, {"compression_ratio", rs.compression_ratio},
-                      {"comm_seconds", rs.comm_seconds}, {"wait_seconds", rs.wait_seconds},
-                      {"contributors", rs.contributors}, {"dropped", dropped}, {"replicas_identical", agree}}
+      metrics << json{{"type", "sync"}, {"sync", rs.sync}, {"round", rs.round}, {"fragment", rs.fragment},
+                      {"step", step}, {"tokens", step * step_tokens}, {"low_rank", rs.low_rank},
+                      {"local_steps", rs.local_steps}, {"steps", rs.steps}, {"wire_bytes", rs.wire_bytes},
+                      {"fp32_sync_bytes", rs.fp32_sync_bytes}, {"allreduce_step_bytes", rs.allreduce_step_bytes},
+                      {"ratio_vs_fp32_sync", rs.ratio_vs_fp32_sync},
+                      {"ratio_vs_allreduce_steps", rs.ratio_vs_allreduce_steps}, {"comm_seconds", rs.comm_seconds},
+                      {"wait_seconds", rs.wait_seconds}, {"contributors", rs.contributors}, {"dropped", dropped},
+                      {"replicas_identical", agree}}
                      .dump()
               << '\n' << std::flush;
     }
     for (const auto& d : rs.dropped)
       if (rank_ == 0)
-        progress.note("round " + std::to_string(rs.round) + ": replica " + std::to_string(d.replica) +
+        progress.note("sync " + std::to_string(rs.sync) + ": replica " + std::to_string(d.replica) +
                       " dropped (non-finite " + d.tensor + ")");
   }
 

@@ -6,6 +6,7 @@
 #include "model/adamw.hpp"
 #include "model/gpt_config.hpp"
 #include "pipeline/schedule.hpp"
+#include "sync_modes.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -40,19 +41,22 @@ struct TrainOptions {
   int eval_every = 50;
   int eval_sequences = 128;
   bool quiet = false;
-  // Across clusters (issue 5): K replicas x S stages = mpirun -np K*S.
+  // Across clusters: K replicas x S stages = mpirun -np K*S; modes in sync_modes.hpp.
   int clusters = 1;
   std::string sync = "dilocox";
   int bits = 0;                     // 0: the mode's default
-  int rank = 8;
-  int max_rank = 16;                // adaptive: r_max (measured: 16 beat 64 at this scale)
-  int local_steps = 20;
-  int max_local_steps = 500;        // adaptive: H_max
-  bool no_overlap = false, no_adaptive = false;
+  int rank = 8;                     // dilocox: r0
+  int max_rank = 32;                // dilocox adaptive: r_max
+  int local_steps = 20;             // H0
+  int max_local_steps = 500;        // largest H the adaptive rule may reach
+  bool overlap = true;              // --overlap / --no-overlap (when given; else the mode's default)
+  bool overlap_given = false;
+  bool no_adaptive = false;
+  int fragments = 1;                // streaming fragments
   std::string rebase = "keep";
-  // Measured defaults (docs/RESULTS.md, "Choosing the DiLoCoX defaults"): momentum 0.5
-  // beat 0.9 and 0.7 with the one-step delay; r0 8, r_max 16 and H0 20 with adaptive rank.
-  float outer_lr = 0.7f, outer_momentum = 0.5f;
+  float outer_lr = 0;               // 0: the mode's outer step
+  float outer_momentum = -1;        // < 0: the mode's outer step
+  double step_seconds = 0;          // modelled seconds per inner step (overlap floor of H); 0: none
   std::string wan_bandwidth = "1Gbps", wan_latency = "0";
   std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
   std::string dump_pseudo_gradients;  // folder: replica 0 writes each round's pseudo-gradient
@@ -63,6 +67,12 @@ struct TrainOptions {
   double gpu_memory_gb = 80;
   int shards = 0;                   // ranks per stage inside a cluster (0: the fewest that fit)
 };
+
+inline std::vector<std::string> sync_mode_names_vector() {
+  std::vector<std::string> v;
+  for (const auto& m : sync_modes()) v.push_back(m.name);
+  return v;
+}
 
 namespace detail {
 // CLI11's PositiveNumber prints its whole range (up to 1.8e308); these say it in words.
@@ -143,26 +153,34 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   auto* g = "Across clusters";
   app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x stages)")
       ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
-  app.add_option("--sync", o.sync, "allreduce | diloco | cocktail | dilocox (with --clusters > 1)")
-      ->capture_default_str()->check(CLI::IsMember({"allreduce", "diloco", "cocktail", "dilocox"}))->group(g);
-  app.add_option("--bits", o.bits, "diloco: 32, 16 or 8 (default 8); cocktail, dilocox: 4 or 8 (default 4)")
-      ->check(CLI::IsMember({4, 8, 16, 32}))->group(g);
+  std::string modes_help;
+  for (const auto& m : sync_modes()) modes_help += "\n  " + m.name + ": " + m.help + " [defaults: " + m.defaults + "]";
+  app.add_option("--sync", o.sync, "how clusters synchronize (with --clusters > 1):" + modes_help)
+      ->capture_default_str()->check(CLI::IsMember(sync_mode_names_vector()))->group(g);
+  app.add_option("--bits", o.bits, "diloco: 32, 16, 8 or 4 (default 4); cocktail, dilocox: 4 or 8 (default 4)")
+      ->check(CLI::IsMember({2, 4, 8, 16, 32}))->group(g);
   app.add_option("--rank", o.rank, "dilocox: initial low rank r0")->capture_default_str()
       ->check(CLI::Range(1, 1024))->group(g);
   app.add_option("--local-steps", o.local_steps, "H0: inner steps per outer round")->capture_default_str()
       ->check(CLI::Range(1, 1000000))->group(g);
   app.add_option("--max-rank", o.max_rank, "dilocox adaptive: largest rank")->capture_default_str()
       ->check(CLI::Range(1, 4096))->group(g);
-  app.add_option("--max-local-steps", o.max_local_steps, "dilocox adaptive: largest H")->capture_default_str()
+  app.add_option("--max-local-steps", o.max_local_steps, "adaptive H: largest H")->capture_default_str()
       ->check(CLI::Range(1, 1000000))->group(g);
-  app.add_flag("--no-overlap", o.no_overlap, "dilocox: wait for each round's reduction (no one-step delay)")->group(g);
+  auto* overlap = app.add_flag("--overlap,!--no-overlap", o.overlap,
+                               "one-step-delay overlap of each sync with the next round's compute (default: the mode's)")
+                      ->group(g);
   app.add_flag("--no-adaptive", o.no_adaptive, "dilocox: fixed rank and H")->group(g);
-  app.add_option("--rebase", o.rebase, "dilocox with overlap: keep | overwrite | blend")->capture_default_str()
+  app.add_option("--fragments", o.fragments, "streaming: F fragments, synced in turn through each round")
+      ->capture_default_str()->check(CLI::Range(1, 4096))->group(g);
+  app.add_option("--rebase", o.rebase, "after an overlapped sync: keep | overwrite | blend")->capture_default_str()
       ->check(CLI::IsMember({"keep", "overwrite", "blend"}))->group(g);
-  app.add_option("--outer-lr", o.outer_lr, "Nesterov outer learning rate")->capture_default_str()
-      ->check(detail::positive)->group(g);
-  app.add_option("--outer-momentum", o.outer_momentum, "Nesterov outer momentum")->capture_default_str()
+  app.add_option("--outer-lr", o.outer_lr, "outer learning rate (default: the mode's)")->check(detail::positive)->group(g);
+  app.add_option("--outer-momentum", o.outer_momentum, "outer Nesterov momentum (default: the mode's)")
       ->check(CLI::Range(0.0, 0.999))->group(g);
+  app.add_option("--step-seconds", o.step_seconds,
+                 "modelled seconds of one inner step: H never drops below what hides a sync on the link (0: no floor)")
+      ->capture_default_str()->check(detail::non_negative)->group(g);
   app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between clusters, e.g. 1Gbps, 20Mbps")
       ->capture_default_str()->group(g);
   app.add_option("--wan-latency", o.wan_latency, "emulated latency per hop, e.g. 20ms")->capture_default_str()
@@ -184,6 +202,7 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
                  "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
   try {
     app.parse(argc, argv);
+    o.overlap_given = overlap->count() > 0;
     if (o.stop_after > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--stop-after needs --checkpoint-dir");
     if (o.resume && o.checkpoint_dir.empty()) throw CLI::ValidationError("--resume needs --checkpoint-dir");

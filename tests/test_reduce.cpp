@@ -58,11 +58,11 @@ TEST_P(Reducer, EveryRankGetsTheSameMeanWithinTheCodecBound) {
     std::vector<std::uint64_t> wire(c.k);
     run_ranks(c.k, [&](dx::ThreadCommunicator& inner) {
       dx::ThrottledLink link(inner, {.bits_per_second = 1e15});
-      dx::CompressedReducer red(link, c.codec, c.algo);
+      dx::CompressedReducer red(c.codec, c.algo);
       const auto x = replica_values(inner.rank(), n);
       std::vector<std::uint8_t> all(c.k, 1);
       std::vector<float> mean(n);
-      const auto r = red.mean(x, all, mean, 7);
+      const auto r = red.mean(link, x, all, mean, 7);
       EXPECT_EQ(r.contributors, c.k);
       EXPECT_EQ(r.cost.bytes, link.stats().wire_bytes);  // what it reports is what went out
       out[inner.rank()] = mean;
@@ -102,12 +102,12 @@ TEST(Reducer, NonContributingReplicasAreLeftOut) {
   for (auto algo : {dx::ReduceAlgorithm::allgather, dx::ReduceAlgorithm::ring}) {
     std::vector<std::vector<float>> out(3);
     run_ranks(3, [&](dx::ThreadCommunicator& c) {
-      dx::CompressedReducer red(c, {dx::Encoding::f32, {}}, algo);
+      dx::CompressedReducer red({dx::Encoding::f32, {}}, algo);
       std::vector<float> x(10, static_cast<float>(c.rank() + 1));  // 1, 2, 3
       if (c.rank() == 1) x.assign(10, NAN);  // never read: rank 1 does not contribute
       const std::vector<std::uint8_t> mask = {1, 0, 1};
       std::vector<float> mean(10);
-      EXPECT_EQ(red.mean(x, mask, mean, 0).contributors, 2);
+      EXPECT_EQ(red.mean(c, x, mask, mean, 0).contributors, 2);
       out[c.rank()] = mean;
     });
     for (const auto& o : out)
@@ -145,11 +145,11 @@ std::vector<std::string> corrupted_mean_errors(int victim, dx::Codec codec, dx::
   std::vector<std::string> err(3);
   run_ranks(3, [&](dx::ThreadCommunicator& c) {
     CorruptingComm bad(c, victim);
-    dx::CompressedReducer red(bad, codec, algorithm);
+    dx::CompressedReducer red(codec, algorithm);
     std::vector<float> x(n, 1.0f), mean(n);
     const std::vector<std::uint8_t> all = {1, 1, 1};
     try {
-      red.mean(x, all, mean, 0);
+      red.mean(bad, x, all, mean, 0);
     } catch (const dx::Error& e) {
       err[c.rank()] = e.what();
     }
@@ -172,9 +172,9 @@ TEST(Reducer, CorruptedRingHopFailsOnEveryRankWithoutHanging) {
 
 TEST(Reducer, RejectsAMaskOfTheWrongLength) {
   run_ranks(2, [&](dx::ThreadCommunicator& c) {
-    dx::CompressedReducer red(c, {dx::Encoding::f32, {}}, dx::ReduceAlgorithm::allgather);
+    dx::CompressedReducer red({dx::Encoding::f32, {}}, dx::ReduceAlgorithm::allgather);
     std::vector<float> x(4), m(4);
     const std::vector<std::uint8_t> mask = {1};
-    EXPECT_THROW(red.mean(x, mask, m, 0), dx::Error);
+    EXPECT_THROW(red.mean(c, x, mask, m, 0), dx::Error);
   });
 }

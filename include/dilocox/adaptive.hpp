@@ -2,12 +2,13 @@
 // adaptive gradient compression (the paper gives the idea, not the rule; DESIGN.md 2.6):
 //   effective rank  = smallest k with sum_{i<=k} sigma_i^2 >= rho * sum_i sigma_i^2
 //                     (sigma: the sketch's singular-value estimates), except that when
-//                     the sketch holds < rho_total of ||x||_F^2 the rank doubles instead;
+//                     the sketch holds < rho_total of the energy of the matrix it sketches
+//                     (the same matrix: the replicas' mean), the rank doubles instead;
 //   next rank       = ceil(mean of the last `window` effective ranks), in [r_min, r_max]
 //                     (the window starts full of the initial rank, so decreases are gradual;
-//                     a growth refills the window, so recovery is immediate);
-//   next local steps = clamp(round(H0 * r / r0), max(H_min, overlap floor), H_max).
-// Pure arithmetic on what every replica sees identically; no I/O.
+//                     a growth refills the window, so recovery is immediate).
+// H follows the rank in OuterLoop (H = H0 r / r0, clamped): the compressor reports r / r0.
+// Pure arithmetic on what every replica sees identically; no I/O, no clock.
 #pragma once
 
 #include <algorithm>
@@ -22,12 +23,11 @@
 namespace dilocox {
 
 struct AdaptiveConfig {
-  double rho = 0.9;          // energy fraction the effective rank must keep
-  double rho_total = 0.5;    // below this fraction of ||x||^2 in the sketch, the rank grows
-  int window = 5;            // rounds averaged
-  int r_min = 2, r_max = 64; // rank clamps
-  int h0 = 50;               // local steps at the initial rank r0
-  int h_min = 10, h_max = 500;
+  double rho = 0.9;          // energy fraction the effective rank must keep (DESIGN.md 2.6)
+  double rho_total = 0.5;    // below this fraction of the sketched matrix's energy, the rank grows
+  int window = 5;            // rounds averaged: a decrease takes effect over ~5 rounds (DESIGN.md 2.6)
+  int r_min = 2;             // a rank-1 sketch cannot tell signal from noise; 2 keeps one spare direction
+  int r_max = 32;            // growth cap: see LowRankConfig's rank in compress/lowrank.hpp for the measurement
 };
 
 class AdaptiveRankController {
@@ -39,15 +39,13 @@ class AdaptiveRankController {
     detail::require(c.rho_total >= 0 && c.rho_total <= 1, "AdaptiveConfig", "rho_total must be in [0, 1]");
     detail::require(c.window >= 1, "AdaptiveConfig", "window must be >= 1");
     detail::require(c.r_min >= 1 && c.r_min <= c.r_max, "AdaptiveConfig", "need 1 <= r_min <= r_max");
-    detail::require(c.h_min >= 1 && c.h_min <= c.h_max, "AdaptiveConfig", "need 1 <= h_min <= h_max");
-    detail::require(c.h0 >= 1, "AdaptiveConfig", "h0 must be >= 1");
     detail::require(initial_rank >= c.r_min && initial_rank <= c.r_max, "AdaptiveRankController",
                     "initial rank " + std::to_string(initial_rank) + " outside [r_min, r_max]");
     history_.assign(static_cast<std::size_t>(c.window), initial_rank);
   }
 
-  // One round's sketch: singular values (descending), the sketch's energy
-  // (sum sigma^2) and the energy of what was compressed (||x||_F^2).
+  // One round's sketch: singular values (descending), the energy the sketch holds
+  // (sum sigma^2) and the energy of the matrix it sketches.
   void observe(std::span<const float> sigma, double sketch_energy, double total_energy) {
     last_effective_ = effective_rank(sigma, sketch_energy, total_energy);
     if (last_effective_ > static_cast<int>(sigma.size()))  // growth acts at once: the window
@@ -79,15 +77,6 @@ class AdaptiveRankController {
   int rank() const { return rank_; }                 // r_{t+1}
   int initial_rank() const { return r0_; }
   int last_effective_rank() const { return last_effective_; }
-
-  // H_{t+1} for a given rank; overlap_floor = the fewest local steps whose compute
-  // hides one compressed reduction on the measured link.
-  int local_steps_for(double rank, int overlap_floor = 0) const {
-    const int lo = std::max(config_.h_min, std::min(overlap_floor, config_.h_max));
-    const long h = std::lround(config_.h0 * rank / r0_);
-    return static_cast<int>(std::clamp<long>(h, lo, config_.h_max));
-  }
-  int local_steps(int overlap_floor = 0) const { return local_steps_for(rank_, overlap_floor); }
 
   const AdaptiveConfig& config() const { return config_; }
 

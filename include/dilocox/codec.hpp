@@ -4,11 +4,13 @@
 // Standard library only. Not here: choosing what to send (compressor.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "dilocox/config.hpp"
 #include "dilocox/half.hpp"
@@ -94,6 +96,7 @@ inline void decode_add(const PayloadView& v, std::span<float> out) {
       }
       return;
     case PayloadKind::quantized: dequantize_add(v.body, out, h.quant); return;
+    case PayloadKind::sparse_chunked: decode_chunked_add(v.body, out, chunked_code(h.quant, h.nnz)); return;
     case PayloadKind::sparse_quantized: {
       thread_local std::vector<float> values;  // (nnz) decoded entries
       values.resize(h.nnz);
@@ -106,6 +109,16 @@ inline void decode_add(const PayloadView& v, std::span<float> out) {
       return;
     }
   }
+}
+
+// out = what the receivers decode from x under codec c (what this rank transmitted, for
+// error feedback); `work` is the caller's payload workspace (grown as needed).
+inline void encode_then_decode(const Codec& c, std::span<const float> x, std::span<float> out,
+                               std::vector<std::byte>& work, std::uint64_t seed = 0) {
+  work.resize(codec_payload_size(c, x.size()));
+  encode(c, x, work, seed);
+  std::fill(out.begin(), out.end(), 0.0f);
+  decode_add(read_payload(work), out);
 }
 
 }  // namespace dilocox

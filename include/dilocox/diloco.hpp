@@ -1,65 +1,67 @@
-// dilocox/diloco.hpp: OuterLoop<C>, the DiLoCoX round protocol (DESIGN.md 2) for a
-// list of host parameter tensors, usable from any trainer:
-//   while training: loop.begin_round(); H = loop.local_steps() inner steps on phi;
-//                   stats = loop.end_round();
-//   at the end:     loop.finish();   (phi = the final global parameters)
-// end_round(): delta = anchor - phi; NaN/Inf check and status exchange; compress and
-// reduce in the background; with overlap, apply the *previous* round's mean with the
-// Nesterov outer step and rebase phi (keep local progress, overwrite or blend);
-// without, wait for this round's mean and set phi to the global parameters.
-// The communicator belongs to the loop from construction to finish(): its reductions
-// run on a background thread, so the trainer must not issue collectives on it meanwhile
-// (use another communicator, e.g. a duplicate, for anything else).
-// Not here: the inner optimizer and the model (the trainer's), any printing (events go
-// to the optional log callback).
+// dilocox/diloco.hpp: OuterLoop<C>, the DiLoCoX round protocol (DESIGN.md 2) over a
+// list of host parameter tensors, for any trainer and any compressor:
+//   after every inner step:  loop.step();     (syncs when a fragment's turn comes)
+//   at the end:              loop.finish();   (phi = the final global parameters)
+// A sync of fragment f: delta = anchor - phi; NaN/Inf check and status exchange; the
+// compressor reduces delta in the background; with overlap, the fragment's previous
+// mean is applied by the outer step and phi rebased (keep local progress, overwrite or
+// blend); without, this sync's mean is applied at once and phi set to theta. With
+// F fragments (Streaming DiLoCo) fragment f syncs after step ceil((f + 1) H / F) of
+// each round of H steps. H is agreed: it comes only from what every replica sees
+// identically (the compressor's hint from reduced data, modelled link seconds), never
+// from a clock. The communicator belongs to the loop until finish(): reductions run on
+// a background thread. Not here: the inner optimizer, the model, printing.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "dilocox/adaptive.hpp"
 #include "dilocox/checksum.hpp"
+#include "dilocox/comm/any.hpp"
 #include "dilocox/comm/communicator.hpp"
 #include "dilocox/comm/cost.hpp"
-#include "dilocox/compressor.hpp"
+#include "dilocox/compress/compressor.hpp"
+#include "dilocox/compress/lowrank.hpp"
 #include "dilocox/config.hpp"
 #include "dilocox/outer.hpp"
 #include "dilocox/overlap.hpp"
-#include "dilocox/quantize.hpp"
-#include "dilocox/reduce.hpp"
 #include "dilocox/state.hpp"
+#include "dilocox/tensor.hpp"
 
 namespace dilocox {
 
-enum class SyncMode : std::uint8_t { dense, cocktail, dilocox };
 enum class Rebase : std::uint8_t { keep, overwrite, blend };
 
-inline const char* to_string(SyncMode m) {
-  return m == SyncMode::dense ? "dense" : m == SyncMode::cocktail ? "cocktail" : "dilocox";
+inline const char* to_string(Rebase r) {
+  return r == Rebase::keep ? "keep" : r == Rebase::overwrite ? "overwrite" : "blend";
 }
 
 struct OuterLoopConfig {
-  SyncMode mode = SyncMode::dilocox;
-  int local_steps = 50;               // H0: inner steps per round (at the initial rank)
-  bool overlap = true;                // one-step-delay: reduce round t behind round t+1's compute
-  Rebase rebase = Rebase::keep;       // with overlap: phi <- theta - delta (keep), theta, theta - a delta
-  float blend = 0.5f;                 // a, for Rebase::blend
-  NesterovConfig outer;               // lr 0.7, momentum 0.9, Nesterov
-  ReduceAlgorithm algorithm = ReduceAlgorithm::allgather;
-  Codec dense_codec{Encoding::f32, {}};  // SyncMode::dense: fp32 / fp16 / bf16 / int8 ...
-  bool dense_error_feedback = false;
-  CocktailConfig cocktail;            // SyncMode::cocktail
-  LowRankCompressorConfig lowrank;    // SyncMode::dilocox (rank, factor bits, adaptive, ...)
-  std::uint64_t seed = 0;             // same on every replica
-  std::function<void(const std::string&)> log;  // events (dropped replicas); none by default
+  int local_steps = 50;       // H0: inner steps per round at the compressor's initial setting (DiLoCo: 50-500)
+  int min_local_steps = 1;    // clamps of H when the compressor asks for another (adaptive) or the
+  int max_local_steps = 1000; //   overlap floor binds
+  int fragments = 1;          // F: streaming fragments, each synced once per round, staggered
+  bool overlap = true;        // one-step delay: reduce a sync behind the next round's compute
+  Rebase rebase = Rebase::keep;  // with overlap: phi <- theta - delta (keep), theta, theta - a delta
+  float blend = 0.5f;         // a, for Rebase::blend
+  std::optional<NesterovConfig> outer{};  // unset: the compressor's outer_step(), else NesterovConfig{}
+  double step_seconds = 0;    // modelled seconds of one inner step, for the overlap floor of H; 0: no floor
+  std::optional<LinkConfig> link{};  // the link that floor uses; unset: the communicator's link(), if any
+  std::uint64_t seed = 0;     // folded into the fingerprint replicas compare (same on every replica)
+  // Replicas must start from the same weights (checked by checksum at construction).
+  // A loop that will load_state() (resume) may start from unequal phi: set this to
+  // defer the check to the first sync, which load_state() then waives.
+  bool defer_start_check = false;
+  std::function<void(const std::string&)> log{};  // events (dropped replicas); none by default
 };
 
 struct NamedTensor {
@@ -68,355 +70,494 @@ struct NamedTensor {
   std::span<float> data;  // phi: the trainer's live parameters, host, shape.numel() floats
 };
 
+// A NamedTensor from anything the Tensor concept accepts (std::vector + shape through
+// TensorView, std::span, Eigen matrices and maps of either storage order): the shape
+// comes from the type (a column-major (r, c) Eigen matrix is the tensor (c, r), its
+// memory order), never from the caller. Strided views do not compile.
+template <Tensor T>
+  requires std::same_as<element_type_t<T>, float> && std::same_as<memory_space_t<T>, host_space>
+NamedTensor named(std::string name, T& tensor) {
+  return {std::move(name), tensor_shape(tensor), as_span(tensor)};
+}
+
 struct DroppedReplica {
   int replica;
   std::string tensor;  // the first tensor with a NaN/Inf
 };
 
-struct RoundStats {
-  std::uint64_t round = 0;          // the reduction applied by this call
-  int local_steps = 0;              // H for the next round
-  double rank = 0;                  // mean low-rank rank used (dilocox), 0 otherwise
-  std::uint64_t dense_bytes = 0;    // what an fp32 ring allreduce of the same tensors puts on the wire
-  std::uint64_t wire_bytes = 0;     // what this rank put on the wire for the reduction
-  double compression_ratio = 0;     // dense_bytes / wire_bytes
-  double comm_seconds = 0;          // the reduction's duration (background)
-  double wait_seconds = 0;          // time the trainer was blocked on it
-  double hidden_seconds = 0;        // comm_seconds - wait_seconds, >= 0
+// One sync of one fragment (with one fragment: one outer round).
+struct SyncStats {
+  std::uint64_t sync = 0;          // index of the sync applied (0, 1, ... over the whole run)
+  std::uint64_t round = 0;         // the round it was started in
+  int fragment = 0;
+  int local_steps = 0;             // H of the round now running
+  double low_rank = 0;             // mean rank of the tensors sent low rank (0: none)
+  std::uint64_t wire_bytes = 0;    // what this rank put on the wire for the sync
+  std::uint64_t fp32_sync_bytes = 0;     // an fp32 ring allreduce of the same pseudo-gradient, once
+  std::uint64_t allreduce_step_bytes = 0;  // an fp32 gradient allreduce after each step the sync covers
+  double ratio_vs_fp32_sync = 0;         // fp32_sync_bytes / wire_bytes: what compression alone saves
+  double ratio_vs_allreduce_steps = 0;   // allreduce_step_bytes / wire_bytes: against per-step AllReduce
+  int steps = 0;                   // inner steps the sync covers
+  double comm_seconds = 0;         // the reduction's duration (background)
+  double wait_seconds = 0;         // time the trainer was blocked on it
+  double hidden_seconds = 0;       // comm_seconds - wait_seconds, >= 0
   int contributors = 0;
   std::vector<DroppedReplica> dropped;
-  bool applied = false;             // false when no reduction completed in this call
 };
 
 template <Communicator C>
 class OuterLoop {
  public:
-  OuterLoop(C& comm, std::vector<NamedTensor> params, OuterLoopConfig config)
-      : comm_(&comm), params_(std::move(params)), config_(std::move(config)) {
-    detail::require(!params_.empty(), "OuterLoop", "no parameters");
-    detail::require(config_.local_steps >= 1, "OuterLoop", "local_steps must be >= 1");
-    detail::require(config_.blend >= 0 && config_.blend <= 1, "OuterLoop", "blend must be in [0, 1]");
+  OuterLoop(C& comm, std::vector<NamedTensor> params, AnyCompressor compressor, OuterLoopConfig config = {})
+      : comm_(&comm), any_(comm), params_(std::move(params)), compressor_(std::move(compressor)),
+        config_(std::move(config)) {
+    validate();
     std::vector<TensorSpec> specs;
-    for (const auto& p : params_) {
-      detail::require(p.data.size() == p.shape.numel(), "OuterLoop",
-                      "tensor '" + p.name + "' has " + std::to_string(p.data.size()) + " elements, shape " +
-                          p.shape.str() + " says " + std::to_string(p.shape.numel()));
-      specs.push_back({p.name, p.shape});
-      total_ += p.data.size();
-    }
+    for (const auto& p : params_) specs.push_back({p.name, p.shape});
+    compressor_.setup(specs);
+    outer_config_ = config_.outer ? *config_.outer : compressor_.outer_step().value_or(NesterovConfig{});
     check_replicas_agree();
-    config_.lowrank.adaptive_config.h0 = config_.local_steps;
-    config_.lowrank.seed ^= config_.seed;
-    switch (config_.mode) {
-      case SyncMode::dense:
-        compressor_ = std::make_unique<DenseCompressor<C>>(comm, specs, config_.dense_codec, config_.algorithm,
-                                                           config_.dense_error_feedback);
-        break;
-      case SyncMode::cocktail:
-        compressor_ = std::make_unique<CocktailCompressor<C>>(comm, specs, config_.cocktail, config_.seed);
-        break;
-      case SyncMode::dilocox:
-        compressor_ = std::make_unique<LowRankCompressor<C>>(comm, specs, config_.lowrank, config_.algorithm);
-        break;
-    }
     for (const auto& p : params_) {
       theta_.emplace_back(p.data.begin(), p.data.end());
       anchor_.emplace_back(p.data.begin(), p.data.end());
-      outer_.emplace_back(p.data.size(), config_.outer);
-      for (auto& slot : slots_) {
-        slot.delta.emplace_back(p.data.size(), 0.0f);
-        slot.x.emplace_back(p.data.size(), 0.0f);
-        slot.mean.emplace_back(p.data.size(), 0.0f);
-      }
+      outer_.emplace_back(p.data.size(), outer_config_);
     }
-    if (config_.mode == SyncMode::dilocox && config_.lowrank.adaptive)
-      h_rule_.emplace(config_.lowrank.adaptive_config, config_.lowrank.rank);
+    make_fragments();
     local_steps_ = config_.local_steps;
-    round_start_ = std::chrono::steady_clock::now();
   }
+  OuterLoop(C& comm, std::vector<NamedTensor> params, OuterLoopConfig config = {})
+      : OuterLoop(comm, std::move(params), LowRankCompressor{}, std::move(config)) {}
   OuterLoop(const OuterLoop&) = delete;
   OuterLoop& operator=(const OuterLoop&) = delete;
   ~OuterLoop() { background_.drain(); }
 
-  int local_steps() const { return local_steps_; }
+  int local_steps() const { return local_steps_; }             // H of the round now running
+  int step_in_round() const { return step_in_round_; }
   std::uint64_t round() const { return round_; }
-  std::string describe() const { return compressor_->describe(); }
+  int fragments() const { return static_cast<int>(fragments_.size()); }
+  std::string describe() const { return compressor_.describe(); }
   const OuterLoopConfig& config() const { return config_; }
+  const NesterovConfig& outer_config() const { return outer_config_; }
+  AnyCompressor& compressor() { return compressor_; }
   // The global parameters theta of tensor i (identical on every replica).
   std::span<const float> global(std::size_t i) const { return theta_[i]; }
   std::size_t tensor_count() const { return params_.size(); }
+  // The tensors of fragment f (indices into the constructor's list).
+  std::span<const std::size_t> fragment_tensors(int f) const { return fragments_[static_cast<std::size_t>(f)].tensors; }
 
-  // Marks the start of the round's compute (for the overlap floor of H).
-  void begin_round() { round_start_ = std::chrono::steady_clock::now(); }
+  // Whether the next step() syncs (a trainer with parameters elsewhere, e.g. on a GPU,
+  // brings them to the host first), and which fragment syncs next.
+  bool next_step_syncs() const { return next_fragment_ < fragments() && step_in_round_ + 1 >= boundary(next_fragment_); }
+  int next_fragment() const { return next_fragment_; }
 
-  RoundStats end_round() {
-    const double compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - round_start_).count();
-    Slot& slot = slots_[round_ % 2];
-    int bad = -1;
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& d = slot.delta[i];
-      const auto phi = params_[i].data;
-      for (std::size_t j = 0; j < d.size(); ++j) d[j] = anchor_[i][j] - phi[j];
-      if (bad < 0 && !all_finite(d)) bad = static_cast<int>(i);
-      std::copy(d.begin(), d.end(), slot.x[i].begin());
-    }
-    slot.self_bad = bad;
-    slot.step_seconds = compute / local_steps_;
-    slot.round = round_;
-    background_.start([this, &slot] { run_reduction(slot); });
-    ++round_;
-
-    RoundStats stats;
-    if (config_.overlap) {
-      if (in_flight() > 1) stats = apply(slots_[(round_ - 2) % 2]);
-      rebase(slot);
-    } else {
-      stats = apply(slot);
-      set_phi_to_theta();
-    }
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      std::copy(params_[i].data.begin(), params_[i].data.end(), anchor_[i].begin());
-    stats.local_steps = local_steps_;
-    return stats;
+  // Call after every inner step. Syncs the fragments whose turn it is; returns the
+  // syncs applied (empty on most steps). When it returns anything, phi has changed.
+  std::vector<SyncStats> step() {
+    for (auto& f : fragments_) ++f.steps;
+    ++step_in_round_;
+    std::vector<SyncStats> out;
+    while (next_fragment_ < fragments() && step_in_round_ >= boundary(next_fragment_)) sync_next(out);
+    if (step_in_round_ >= local_steps_) new_round();
+    return out;
   }
 
-  // Applies the reduction still in flight (overlap) and sets phi to the final global
-  // parameters. Call once after the last end_round().
-  RoundStats finish() {
-    RoundStats stats;
-    if (in_flight() > 0) stats = apply(slots_[(round_ - 1) % 2]);
-    set_phi_to_theta();
-    for (std::size_t i = 0; i < params_.size(); ++i)
-      std::copy(params_[i].data.begin(), params_[i].data.end(), anchor_[i].begin());
-    stats.local_steps = local_steps_;
-    return stats;
+  // The round's remaining steps were taken (for trainers that count H themselves):
+  // syncs every fragment not yet synced this round, and starts the next round.
+  std::vector<SyncStats> end_round() {
+    for (auto& f : fragments_) f.steps += local_steps_ - step_in_round_;
+    step_in_round_ = local_steps_;
+    std::vector<SyncStats> out;
+    while (next_fragment_ < fragments()) sync_next(out);
+    new_round();
+    return out;
   }
 
-  // Checkpoints. save_state() waits for the reduction in flight (overlap) without
-  // applying it; load_state() on a loop built with the same tensors and configuration
-  // continues exactly where the saved one was: the next end_round() applies that
-  // reduction. The trainer's own parameters (phi) are the trainer's to save.
+  // Applies every reduction in flight, syncs the progress made since each fragment's
+  // last sync (without delay), and sets phi to the final global parameters. Call once
+  // at the end, on every replica after the same number of steps.
+  std::vector<SyncStats> finish() {
+    std::vector<SyncStats> out;
+    for (int i = 0; i < fragments(); ++i) {  // oldest first: the queue's order
+      const int f = (next_fragment_ + i) % fragments();
+      if (fragments_[static_cast<std::size_t>(f)].pending) out.push_back(apply(f));
+    }
+    for (int f = 0; f < fragments(); ++f) {
+      Fragment& fr = fragments_[static_cast<std::size_t>(f)];
+      if (fr.steps > 0) {
+        start(f);
+        out.push_back(apply(f));
+      }
+      set_phi_to_theta(fr);
+      copy_anchor(fr);
+    }
+    return out;
+  }
+
+  // Checkpoints, at any step. save_state() waits for the reductions in flight without
+  // applying them; load_state() on a loop built with the same tensors, compressor and
+  // configuration (before its first step) continues exactly where the saved one was.
+  // The trainer's own parameters (phi) and inner optimizer are the trainer's to save.
   std::vector<std::byte> save_state() {
-    if (background_.pending() > 0 && !completed_) completed_ = background_.wait();
+    while (background_.pending() > 0) completed_.push_back(background_.wait());
     StateWriter w;
     w.value(state_tag);
     w.value<std::uint64_t>(params_.size());
+    w.value<std::int32_t>(fragments());
     w.value(round_);
+    w.value(next_sync_);
     w.value<std::int32_t>(local_steps_);
-    w.value<std::uint8_t>(self_dropped_ ? 1 : 0);
+    w.value<std::int32_t>(step_in_round_);
+    w.value<std::int32_t>(next_fragment_);
+    w.value(hint_sum_), w.value(hint_weight_), w.value(round_comm_seconds_);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       w.values(std::span<const float>(theta_[i]));
       w.values(std::span<const float>(anchor_[i]));
       w.values(std::as_const(outer_[i]).momentum_buffer());
     }
-    compressor_->save_state(w);
-    w.value<std::uint8_t>(completed_ ? 1 : 0);
-    if (completed_) {
-      const Slot& s = slots_[(round_ - 1) % 2];
-      w.value(s.round);
-      w.value<std::int32_t>(s.self_bad);
-      w.value(s.step_seconds);
-      w.value(s.max_step_seconds);
-      w.value(completed_->ran_seconds);
-      w.value<std::int32_t>(s.report.contributors);
-      w.value(s.report.mean_rank);
-      w.value(s.report.next_rank_ratio);
-      w.value(s.report.cost.bytes);
-      w.value<std::int32_t>(s.report.cost.hops);
-      w.value<std::uint64_t>(s.dropped.size());
-      for (const auto& d : s.dropped) {
-        w.value<std::int32_t>(d.replica);
-        w.values(std::span<const char>(d.tensor.data(), d.tensor.size()));
-      }
-      for (const auto& m : s.mean) w.values(std::span<const float>(m));
+    compressor_.save_state(w);
+    std::size_t done = 0;
+    for (const auto& fr : fragments_) {
+      w.value<std::int32_t>(fr.steps);
+      w.value<std::uint64_t>(fr.syncs);
+      w.value<std::uint8_t>(fr.self_dropped ? 1 : 0);
+      w.value<std::uint8_t>(fr.pending ? 1 : 0);
+    }
+    for (int i = 0; i < fragments(); ++i) {  // the completed reductions, oldest first
+      const Fragment& fr = fragments_[static_cast<std::size_t>((next_fragment_ + i) % fragments())];
+      if (fr.pending) save_slot(w, fr.slots[(fr.syncs - 1) % 2], completed_[done++].ran_seconds);
     }
     return w.bytes();
   }
 
   void load_state(std::span<const std::byte> bytes) {
-    detail::require(background_.pending() == 0 && !completed_ && round_ == 0, "OuterLoop::load_state",
-                    "load state into a freshly built loop, before its first round");
+    detail::require(background_.pending() == 0 && completed_.empty() && round_ == 0 && next_sync_ == 0,
+                    "OuterLoop::load_state", "load state into a freshly built loop, before its first step");
     StateReader r(bytes);
     detail::require(r.value<std::uint64_t>() == state_tag, "OuterLoop::load_state", "not an OuterLoop state");
     detail::require(r.value<std::uint64_t>() == params_.size(), "OuterLoop::load_state",
                     "the state has another number of tensors");
+    detail::require(r.value<std::int32_t>() == fragments(), "OuterLoop::load_state",
+                    "the state has another number of fragments");
+    unequal_start_.clear();  // resumed: phi legitimately differs between replicas
     round_ = r.value<std::uint64_t>();
+    next_sync_ = r.value<std::uint64_t>();
     local_steps_ = r.value<std::int32_t>();
-    self_dropped_ = r.value<std::uint8_t>() != 0;
+    step_in_round_ = r.value<std::int32_t>();
+    next_fragment_ = r.value<std::int32_t>();
+    hint_sum_ = r.value<double>(), hint_weight_ = r.value<double>(), round_comm_seconds_ = r.value<double>();
     for (std::size_t i = 0; i < params_.size(); ++i) {
       r.values(std::span<float>(theta_[i]));
       r.values(std::span<float>(anchor_[i]));
       r.values(outer_[i].momentum_buffer());
     }
-    compressor_->load_state(r);
-    if (r.value<std::uint8_t>() != 0) {
-      detail::require(round_ > 0, "OuterLoop::load_state", "a pending reduction before the first round");
-      Slot& s = slots_[(round_ - 1) % 2];
-      s.round = r.value<std::uint64_t>();
-      s.self_bad = r.value<std::int32_t>();
-      s.step_seconds = r.value<double>();
-      s.max_step_seconds = r.value<double>();
+    compressor_.load_state(r);
+    for (auto& fr : fragments_) {
+      fr.steps = r.value<std::int32_t>();
+      fr.syncs = r.value<std::uint64_t>();
+      fr.self_dropped = r.value<std::uint8_t>() != 0;
+      fr.pending = r.value<std::uint8_t>() != 0;
+    }
+    for (int i = 0; i < fragments(); ++i) {
+      Fragment& fr = fragments_[static_cast<std::size_t>((next_fragment_ + i) % fragments())];
+      if (!fr.pending) continue;
+      detail::require(fr.syncs > 0, "OuterLoop::load_state", "a pending reduction before the first sync");
       ReductionTiming t;
-      t.ran_seconds = r.value<double>();
-      s.report.contributors = r.value<std::int32_t>();
-      s.report.mean_rank = r.value<double>();
-      s.report.next_rank_ratio = r.value<double>();
-      s.report.cost.bytes = r.value<std::uint64_t>();
-      s.report.cost.hops = r.value<std::int32_t>();
-      s.dropped.resize(r.value<std::uint64_t>());
-      for (auto& d : s.dropped) {
-        d.replica = r.value<std::int32_t>();
-        const auto name = r.vector<char>();
-        d.tensor.assign(name.begin(), name.end());
-      }
-      for (auto& m : s.mean) r.values(std::span<float>(m));
-      completed_ = t;
+      t.ran_seconds = load_slot(r, fr.slots[(fr.syncs - 1) % 2]);
+      completed_.push_back(t);
     }
     detail::require(r.done(), "OuterLoop::load_state", "trailing bytes in the state");
   }
 
  private:
-  static constexpr std::uint64_t state_tag = 0x3130524554554f44ULL;  // "DOUTER01"
+  static constexpr std::uint64_t state_tag = 0x3230524554554f44ULL;  // "DOUTER02"
 
-  // Reductions started and not yet applied (one may have completed for a checkpoint).
-  std::size_t in_flight() const { return background_.pending() + (completed_ ? 1 : 0); }
-
-  struct Slot {  // one round's buffers, owned by its background reduction until applied
-    std::vector<std::vector<float>> delta;  // (tensors) pseudo-gradient, read by the trainer's thread
-    std::vector<std::vector<float>> x;      // (tensors) its copy, compressed in place by the reduction
-    std::vector<std::vector<float>> mean;   // (tensors) the reduced mean
-    int self_bad = -1;                            // first non-finite tensor of this replica
-    double step_seconds = 0;
-    std::uint64_t round = 0;
+  struct Slot {  // one sync's buffers, owned by its background reduction until applied
+    std::vector<std::vector<float>> delta;  // (fragment tensors) pseudo-gradient, read by the trainer's thread
+    std::vector<std::vector<float>> x;      // (fragment tensors) its copy, compressed by the reduction
+    std::vector<std::vector<float>> mean;   // (fragment tensors) the reduced mean
+    int self_bad = -1;                      // first non-finite tensor (global index) of this replica
+    std::uint64_t sync = 0, round = 0;
+    int steps = 0;
     SyncReport report;
     std::vector<DroppedReplica> dropped;
-    double max_step_seconds = 0;
+  };
+  struct Fragment {
+    std::vector<std::size_t> tensors;
+    std::size_t elements = 0;
+    Slot slots[2];
+    int steps = 0;            // inner steps since its last sync
+    std::uint64_t syncs = 0;  // syncs started
+    bool pending = false;     // a started reduction not yet applied
+    bool self_dropped = false;
   };
 
-  static bool all_finite(std::span<const float> v) {  // the quantizer's NaN/Inf scan
-    return detail::absmax_bits(v.data(), v.size()) < 0x7f800000U;
+  void validate() const {
+    detail::require(!params_.empty(), "OuterLoop", "no parameters");
+    detail::require(config_.local_steps >= 1, "OuterLoop", "local_steps must be >= 1");
+    detail::require(config_.min_local_steps >= 1 && config_.min_local_steps <= config_.max_local_steps, "OuterLoop",
+                    "need 1 <= min_local_steps <= max_local_steps");
+    detail::require(config_.local_steps >= config_.min_local_steps && config_.local_steps <= config_.max_local_steps,
+                    "OuterLoop", "local_steps must be within [min_local_steps, max_local_steps]");
+    detail::require(config_.fragments >= 1 && static_cast<std::size_t>(config_.fragments) <= params_.size(),
+                    "OuterLoop", "fragments must be in [1, number of tensors = " + std::to_string(params_.size()) + "]");
+    detail::require(config_.blend >= 0 && config_.blend <= 1, "OuterLoop", "blend must be in [0, 1]");
+    detail::require(std::isfinite(config_.step_seconds) && config_.step_seconds >= 0, "OuterLoop",
+                    "step_seconds must be finite and >= 0");
+    for (const auto& p : params_)
+      detail::require(p.data.size() == p.shape.numel(), "OuterLoop",
+                      "tensor '" + p.name + "' has " + std::to_string(p.data.size()) + " elements, shape " +
+                          p.shape.str() + " says " + std::to_string(p.shape.numel()));
   }
 
-  // Runs on the background thread: status exchange, then the compressed reduction.
-  void run_reduction(Slot& slot) {
-    const int k = comm_->size();
-    const std::size_t t = params_.size();
-    // Status: [i32 first bad tensor or -1][pad][f64 step seconds][f64 ||delta_i||^2 ...]
-    const std::size_t rec = 16 + 8 * t;
-    status_send_.assign(rec, std::byte{0});
-    status_recv_.assign(rec * static_cast<std::size_t>(k), std::byte{0});
-    const std::int32_t bad = slot.self_bad;
-    std::memcpy(status_send_.data(), &bad, 4);
-    std::memcpy(status_send_.data() + 8, &slot.step_seconds, 8);
-    // ||x_i + e_i||^2: the energy of what the compressor will compress this round
-    const auto residual = compressor_->residuals();
-    for (std::size_t i = 0; i < t; ++i) {
-      double sq = 0;
-      if (bad < 0) {
-        const auto& x = slot.x[i];
-        for (std::size_t j = 0; j < x.size(); ++j) {
-          const double v = static_cast<double>(x[j]) + (residual.empty() ? 0.0 : residual[i][j]);
-          sq += v * v;
-        }
-      }
-      std::memcpy(status_send_.data() + 16 + 8 * i, &sq, 8);
+  // F fragments of consecutive tensors with about equal element counts.
+  void make_fragments() {
+    std::size_t total = 0;
+    for (const auto& p : params_) total += p.data.size();
+    fragments_.resize(static_cast<std::size_t>(config_.fragments));
+    std::size_t f = 0, acc = 0;
+    const std::size_t n = params_.size(), frags = fragments_.size();
+    for (std::size_t i = 0; i < n; ++i) {
+      // Next fragment once this one holds its share, or when every later fragment
+      // needs one of the tensors left.
+      if (!fragments_[f].tensors.empty() && f + 1 < frags && (acc >= total * (f + 1) / frags || n - i <= frags - f - 1))
+        ++f;
+      fragments_[f].tensors.push_back(i);
+      fragments_[f].elements += params_[i].data.size();
+      acc += params_[i].data.size();
     }
-    comm_->allgather(status_send_, status_recv_);
-    contributes_.assign(static_cast<std::size_t>(k), 0);
-    mean_sq_.assign(t, 0.0);
+    for (auto& fr : fragments_)
+      for (auto& slot : fr.slots)
+        for (std::size_t t : fr.tensors) {
+          const std::size_t n = params_[t].data.size();
+          slot.delta.emplace_back(n, 0.0f), slot.x.emplace_back(n, 0.0f), slot.mean.emplace_back(n, 0.0f);
+        }
+  }
+
+  // Fragment f syncs once the round has run this many steps.
+  int boundary(int f) const {
+    const long h = local_steps_, n = fragments();
+    return static_cast<int>(((f + 1) * h + n - 1) / n);
+  }
+
+  void sync_next(std::vector<SyncStats>& out) {
+    const int f = next_fragment_++;
+    Fragment& fr = fragments_[static_cast<std::size_t>(f)];
+    const bool had_pending = fr.pending;
+    std::optional<SyncStats> applied;
+    if (config_.overlap && had_pending) applied = apply(f);  // the previous sync of f, one round late
+    const Slot* previous = had_pending ? &fr.slots[(fr.syncs - 1) % 2] : nullptr;
+    Slot& slot = start(f);
+    if (config_.overlap) {  // theta lacks this sync and what the previous one left owed
+      rebase(fr, &slot, config_.overlap && had_pending ? previous : nullptr);
+    } else {                // theta lacks what this sync left owed
+      applied = apply(f);
+      rebase(fr, nullptr, &slot);
+    }
+    copy_anchor(fr);
+    if (applied) out.push_back(std::move(*applied));
+  }
+
+  // delta = anchor - phi for fragment f, then its reduction in the background.
+  Slot& start(int f) {
+    check_start();
+    Fragment& fr = fragments_[static_cast<std::size_t>(f)];
+    Slot& slot = fr.slots[fr.syncs % 2];
+    slot.self_bad = -1;
+    for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
+      const std::size_t t = fr.tensors[j];
+      auto& d = slot.delta[j];
+      const auto phi = params_[t].data;
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] = anchor_[t][i] - phi[i];
+      if (slot.self_bad < 0 && !all_finite(d)) slot.self_bad = static_cast<int>(t);
+      std::copy(d.begin(), d.end(), slot.x[j].begin());
+    }
+    slot.sync = next_sync_++;
+    slot.round = round_;
+    slot.steps = fr.steps;
+    fr.steps = 0;
+    ++fr.syncs;
+    fr.pending = true;
+    background_.start([this, &fr, &slot] { run_reduction(fr, slot); });
+    return slot;
+  }
+
+  static bool all_finite(std::span<const float> v) {
+    for (float x : v)
+      if (!std::isfinite(x)) return false;
+    return true;
+  }
+
+  // Runs on the background thread: status exchange, then the compressor's sync.
+  void run_reduction(Fragment& fr, Slot& slot) {
+    const int k = comm_->size();
+    const std::int32_t bad = slot.self_bad;
+    std::vector<std::int32_t> all(static_cast<std::size_t>(k));
+    comm_->allgather(std::as_bytes(std::span(&bad, 1)), std::as_writable_bytes(std::span(all)));
+    std::vector<std::uint8_t> contributes(static_cast<std::size_t>(k), 0);
     slot.dropped.clear();
-    slot.max_step_seconds = 0;
-    int count = 0;
     for (int r = 0; r < k; ++r) {
-      const std::byte* p = status_recv_.data() + r * rec;
-      std::int32_t rb;
-      double step;
-      std::memcpy(&rb, p, 4);
-      std::memcpy(&step, p + 8, 8);
-      slot.max_step_seconds = std::max(slot.max_step_seconds, std::isfinite(step) ? step : 0.0);
-      if (rb >= 0) {
-        const std::string name = rb < static_cast<std::int32_t>(t) ? params_[rb].name : "?";
-        slot.dropped.push_back({r, name});
-        if (config_.log)
-          config_.log("dilocox: round " + std::to_string(slot.round) + ": replica " + std::to_string(r) +
-                      " dropped, tensor '" + name + "' has NaN/Inf in its pseudo-gradient");
+      const std::int32_t rb = all[static_cast<std::size_t>(r)];
+      if (rb < 0) {
+        contributes[static_cast<std::size_t>(r)] = 1;
         continue;
       }
-      contributes_[r] = 1;
-      ++count;
-      for (std::size_t i = 0; i < t; ++i) {
-        double sq;
-        std::memcpy(&sq, p + 16 + 8 * i, 8);
-        mean_sq_[i] += sq;
-      }
+      const std::string name = rb < static_cast<std::int32_t>(params_.size()) ? params_[rb].name : "?";
+      slot.dropped.push_back({r, name});
+      if (config_.log)
+        config_.log("dilocox: sync " + std::to_string(slot.sync) + " (round " + std::to_string(slot.round) +
+                    "): replica " + std::to_string(r) + " dropped, tensor '" + name +
+                    "' has NaN/Inf in its pseudo-gradient");
     }
-    for (double& v : mean_sq_) v = count ? v / count : 0.0;
     if (bad >= 0)  // this replica sends zeros and is left out of the mean
       for (auto& d : slot.x) std::fill(d.begin(), d.end(), 0.0f);
     std::vector<std::span<float>> x, out;
-    for (std::size_t i = 0; i < t; ++i) x.emplace_back(slot.x[i]), out.emplace_back(slot.mean[i]);
-    slot.report = compressor_->sync(x, {contributes_, mean_sq_, slot.round}, out);
-    slot.report.cost += ring_allgather_cost(rec, k);
-    if (bad >= 0)
-      for (auto r : compressor_->residuals()) std::fill(r.begin(), r.end(), 0.0f);
+    for (std::size_t j = 0; j < fr.tensors.size(); ++j) x.emplace_back(slot.x[j]), out.emplace_back(slot.mean[j]);
+    slot.report = compressor_.sync(any_, {fr.tensors, contributes, slot.sync}, x, out);
+    slot.report.cost += ring_allgather_cost(sizeof(std::int32_t), k);
   }
 
-  // Waits for the oldest reduction (slot), applies its mean to theta, returns stats.
-  RoundStats apply(Slot& slot) {
-    const ReductionTiming timing = completed_ ? *completed_ : background_.wait();
-    completed_.reset();
-    RoundStats s;
-    s.round = slot.round;
-    s.applied = true;
+  // Waits for the oldest reduction (fragment f's), applies its mean to theta, returns stats.
+  SyncStats apply(int f) {
+    Fragment& fr = fragments_[static_cast<std::size_t>(f)];
+    Slot& slot = fr.slots[(fr.syncs - 1) % 2];  // the pending one: started last for f
+    ReductionTiming timing;
+    if (!completed_.empty()) {
+      timing = completed_.front();
+      completed_.pop_front();
+    } else {
+      timing = background_.wait();
+    }
+    fr.pending = false;
+    if (slot.report.contributors > 0)
+      for (std::size_t j = 0; j < fr.tensors.size(); ++j) outer_[fr.tensors[j]].step(theta_[fr.tensors[j]], slot.mean[j]);
+    fr.self_dropped = slot.self_bad >= 0;
+    return stats_of(fr, f, slot, timing);
+  }
+
+  SyncStats stats_of(const Fragment& fr, int f, const Slot& slot, const ReductionTiming& timing) {
+    SyncStats s;
+    s.sync = slot.sync, s.round = slot.round, s.fragment = f, s.steps = slot.steps;
     s.contributors = slot.report.contributors;
     s.dropped = slot.dropped;
-    s.rank = slot.report.mean_rank;
+    s.low_rank = slot.report.low_rank;
     s.wire_bytes = slot.report.cost.bytes;
-    s.dense_bytes = ring_allreduce_cost(total_ * 4, comm_->size()).bytes;
-    s.compression_ratio = s.wire_bytes ? static_cast<double>(s.dense_bytes) / static_cast<double>(s.wire_bytes) : 0;
+    s.fp32_sync_bytes = ring_allreduce_cost(fr.elements * 4, comm_->size()).bytes;
+    s.allreduce_step_bytes = s.fp32_sync_bytes * static_cast<std::uint64_t>(slot.steps);
+    if (s.wire_bytes) {
+      s.ratio_vs_fp32_sync = static_cast<double>(s.fp32_sync_bytes) / static_cast<double>(s.wire_bytes);
+      s.ratio_vs_allreduce_steps = static_cast<double>(s.allreduce_step_bytes) / static_cast<double>(s.wire_bytes);
+    }
     s.comm_seconds = timing.ran_seconds;
     s.wait_seconds = timing.waited_seconds;
     s.hidden_seconds = timing.hidden_seconds();
-    if (slot.report.contributors > 0)
-      for (std::size_t i = 0; i < params_.size(); ++i) outer_[i].step(theta_[i], slot.mean[i]);
-    self_dropped_ = slot.self_bad >= 0;
-    // H for the next rounds, from what every replica saw identically.
-    if (config_.mode == SyncMode::dilocox && config_.lowrank.adaptive) {
-      const int floor = slot.max_step_seconds > 0
-                            ? static_cast<int>(std::ceil(timing.ran_seconds / slot.max_step_seconds))
-                            : 0;
-      local_steps_ = h_rule_->local_steps_for(config_.lowrank.rank * slot.report.next_rank_ratio, floor);
-    }
+    s.local_steps = local_steps_;
+    // For the next round's H: the compressor's hint and the modelled link time.
+    if (slot.report.local_steps_weight > 0)
+      hint_sum_ += slot.report.local_steps_scale * slot.report.local_steps_weight,
+          hint_weight_ += slot.report.local_steps_weight;
+    if (const auto link = link_config()) round_comm_seconds_ += link_seconds(slot.report.cost, *link);
     return s;
   }
 
-  void rebase(const Slot& current) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const auto phi = params_[i].data;
-      const auto& th = theta_[i];
-      const auto& d = current.delta[i];
-      const bool reset = config_.rebase == Rebase::overwrite || current.self_bad >= 0 || self_dropped_;
-      const float a = config_.rebase == Rebase::blend ? config_.blend : 1.0f;
-      for (std::size_t j = 0; j < phi.size(); ++j) phi[j] = reset ? th[j] : th[j] - a * d[j];
+  std::optional<LinkConfig> link_config() const {
+    if (config_.link) return config_.link;
+    if constexpr (requires(const C& c) { { c.link() } -> std::convertible_to<LinkConfig>; })
+      return comm_->link();
+    return std::nullopt;
+  }
+
+  // The next round: H from agreed quantities only (DESIGN.md 2.6).
+  void new_round() {
+    int h = config_.local_steps;
+    if (hint_weight_ > 0) h = static_cast<int>(std::lround(config_.local_steps * hint_sum_ / hint_weight_));
+    int lo = config_.min_local_steps;
+    if (config_.step_seconds > 0 && round_comm_seconds_ > 0)  // the overlap floor, from modelled seconds
+      lo = std::max(lo, static_cast<int>(std::min<double>(config_.max_local_steps,
+                                                          std::ceil(round_comm_seconds_ / config_.step_seconds))));
+    local_steps_ = std::clamp(h, lo, config_.max_local_steps);
+    hint_sum_ = hint_weight_ = round_comm_seconds_ = 0;
+    step_in_round_ = 0;
+    next_fragment_ = 0;
+    ++round_;
+  }
+
+  // phi = theta - a (delta of `current` + what `owed` left owed), the progress of this
+  // replica that theta does not hold yet (keep: a = 1; blend: a; overwrite: phi = theta).
+  // A replica dropped now or last time restarts from theta.
+  void rebase(const Fragment& fr, const Slot* current, const Slot* owed) {
+    const bool reset = config_.rebase == Rebase::overwrite || (current && current->self_bad >= 0) || fr.self_dropped;
+    const float a = config_.rebase == Rebase::blend ? config_.blend : 1.0f;
+    for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
+      const std::size_t t = fr.tensors[j];
+      const auto phi = params_[t].data;
+      const auto& th = theta_[t];
+      std::copy(th.begin(), th.end(), phi.begin());
+      if (reset) continue;
+      if (current)
+        for (std::size_t i = 0; i < phi.size(); ++i) phi[i] -= a * current->delta[j][i];
+      if (owed)
+        for (std::size_t i = 0; i < phi.size(); ++i) phi[i] -= a * owed->x[j][i];
     }
   }
-
-  void set_phi_to_theta() {
-    for (std::size_t i = 0; i < params_.size(); ++i) std::copy(theta_[i].begin(), theta_[i].end(), params_[i].data.begin());
+  void set_phi_to_theta(const Fragment& fr) {
+    for (std::size_t t : fr.tensors) std::copy(theta_[t].begin(), theta_[t].end(), params_[t].data.begin());
+  }
+  void copy_anchor(const Fragment& fr) {
+    for (std::size_t t : fr.tensors) std::copy(params_[t].data.begin(), params_[t].data.end(), anchor_[t].begin());
   }
 
-  // Every replica must hold the same tensors and configuration; a mismatch is an Error
-  // naming the first differing tensor, on every rank (never a hang in a later collective).
+  void save_slot(StateWriter& w, const Slot& s, double ran_seconds) const {
+    w.value(s.sync), w.value(s.round);
+    w.value<std::int32_t>(s.steps), w.value<std::int32_t>(s.self_bad);
+    w.value(ran_seconds);
+    w.value<std::int32_t>(s.report.contributors);
+    w.value(s.report.low_rank), w.value(s.report.local_steps_scale), w.value(s.report.local_steps_weight);
+    w.value(s.report.cost.bytes);
+    w.value<std::int32_t>(s.report.cost.hops);
+    w.value<std::uint64_t>(s.dropped.size());
+    for (const auto& d : s.dropped) {
+      w.value<std::int32_t>(d.replica);
+      w.values(std::span<const char>(d.tensor.data(), d.tensor.size()));
+    }
+    for (const auto& m : s.mean) w.values(std::span<const float>(m));
+    for (const auto& x : s.x) w.values(std::span<const float>(x));  // what the sync left owed
+  }
+  double load_slot(StateReader& r, Slot& s) {
+    s.sync = r.value<std::uint64_t>(), s.round = r.value<std::uint64_t>();
+    s.steps = r.value<std::int32_t>(), s.self_bad = r.value<std::int32_t>();
+    const double ran = r.value<double>();
+    s.report.contributors = r.value<std::int32_t>();
+    s.report.low_rank = r.value<double>();
+    s.report.local_steps_scale = r.value<double>();
+    s.report.local_steps_weight = r.value<double>();
+    s.report.cost.bytes = r.value<std::uint64_t>();
+    s.report.cost.hops = r.value<std::int32_t>();
+    s.dropped.resize(r.value<std::uint64_t>());
+    for (auto& d : s.dropped) {
+      d.replica = r.value<std::int32_t>();
+      const auto name = r.vector<char>();
+      d.tensor.assign(name.begin(), name.end());
+    }
+    for (auto& m : s.mean) r.values(std::span<float>(m));
+    for (auto& x : s.x) r.values(std::span<float>(x));
+    return ran;
+  }
+
+  // Every replica must hold the same tensors, configuration and initial values; a
+  // mismatch is an Error naming the first differing tensor, on every rank (never a hang
+  // in a later collective).
   void check_replicas_agree() {
     const int k = comm_->size();
     const std::size_t t = params_.size();
-    auto hash_of = [&](const std::string& s) {
+    auto hash_of = [](const std::string& s) {
       return checksum64({reinterpret_cast<const std::byte*>(s.data()), s.size()});
     };
-    std::string cfg = std::string(to_string(config_.mode)) + to_string(config_.dense_codec) +
-                      std::to_string(config_.lowrank.rank) + std::to_string(config_.local_steps) +
-                      std::to_string(config_.overlap) + std::to_string(static_cast<int>(config_.algorithm)) +
-                      std::to_string(config_.seed);
+    const std::string cfg = compressor_.describe() + "|H" + std::to_string(config_.local_steps) + "[" +
+                            std::to_string(config_.min_local_steps) + "," + std::to_string(config_.max_local_steps) +
+                            "]|F" + std::to_string(config_.fragments) + "|overlap" + std::to_string(config_.overlap) +
+                            "|" + to_string(config_.rebase) + std::to_string(config_.blend) + "|outer" +
+                            std::to_string(outer_config_.lr) + "," + std::to_string(outer_config_.momentum) + "," +
+                            std::to_string(outer_config_.nesterov) + "|seed" + std::to_string(config_.seed);
     std::vector<std::uint64_t> mine = {t, hash_of(cfg)};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(k));
     comm_->allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));
@@ -425,39 +566,49 @@ class OuterLoop {
                       "replicas disagree on the number of tensors: rank " + std::to_string(comm_->rank()) + " has " +
                           std::to_string(t) + ", rank " + std::to_string(r) + " has " + std::to_string(all[2 * r]));
       detail::require(all[2 * r + 1] == mine[1], "OuterLoop",
-                      "replicas disagree on the configuration (mode, codec, rank, local steps, overlap, "
-                      "algorithm, seed): rank " + std::to_string(r) + " differs from rank " +
-                          std::to_string(comm_->rank()));
+                      "replicas disagree on the configuration (compressor '" + compressor_.describe() +
+                          "', local steps, fragments, overlap, rebase, outer step, seed): rank " + std::to_string(r) +
+                          " differs from rank " + std::to_string(comm_->rank()));
     }
-    std::vector<std::uint64_t> per(t), per_all(t * static_cast<std::size_t>(k));
-    for (std::size_t i = 0; i < t; ++i) per[i] = hash_of(params_[i].name + "|" + params_[i].shape.str());
+    std::vector<std::uint64_t> per(2 * t), per_all(2 * t * static_cast<std::size_t>(k));
+    for (std::size_t i = 0; i < t; ++i) {
+      per[2 * i] = hash_of(params_[i].name + "|" + params_[i].shape.str());
+      per[2 * i + 1] = checksum64(std::as_bytes(params_[i].data));
+    }
     comm_->allgather(std::as_bytes(std::span(per)), std::as_writable_bytes(std::span(per_all)));
     for (std::size_t i = 0; i < t; ++i)
-      for (int r = 0; r < k; ++r)
-        detail::require(per_all[r * t + i] == per[i], "OuterLoop",
-                        "replicas disagree on tensor " + std::to_string(i) + " '" + params_[i].name + "' " +
-                            params_[i].shape.str() + ": rank " + std::to_string(r) +
-                            " has a different name or shape");
+      for (int r = 0; r < k; ++r) {
+        const std::string which = "tensor " + std::to_string(i) + " '" + params_[i].name + "' " + params_[i].shape.str();
+        detail::require(per_all[2 * (r * t + i)] == per[2 * i], "OuterLoop",
+                        "replicas disagree on " + which + ": rank " + std::to_string(r) + " has a different name or shape");
+        if (per_all[2 * (r * t + i) + 1] != per[2 * i + 1] && unequal_start_.empty())
+          unequal_start_ = "OuterLoop: replicas start from different weights: " + which + " differs between rank " +
+                           std::to_string(r) + " and rank " + std::to_string(comm_->rank()) +
+                           " (initialize every replica identically, e.g. from the same seed, or broadcast)";
+      }
+    if (!config_.defer_start_check && !unequal_start_.empty()) throw Error(unequal_start_);
+  }
+
+  // The start-weight check, deferred to the first sync unless load_state() resumed.
+  void check_start() {
+    if (!unequal_start_.empty()) throw Error(unequal_start_);
   }
 
   C* comm_;
+  AnyCommunicator any_;
   std::vector<NamedTensor> params_;
+  AnyCompressor compressor_;
   OuterLoopConfig config_;
-  std::size_t total_ = 0;
-  std::unique_ptr<PseudoGradientCompressor<C>> compressor_;
-  std::vector<std::vector<float>> theta_, anchor_;  // (tensors) global parameters, round anchors
+  NesterovConfig outer_config_;
+  std::vector<std::vector<float>> theta_, anchor_;  // (tensors) global parameters, sync anchors
   std::vector<NesterovOuterOptimizer> outer_;
-  std::optional<AdaptiveRankController> h_rule_;  // H from the rank (dilocox with adaptive rank)
-  Slot slots_[2];
+  std::vector<Fragment> fragments_;
   BackgroundReductions background_;
-  std::optional<ReductionTiming> completed_;  // the oldest reduction, waited for by save_state()
-  std::uint64_t round_ = 0;
-  int local_steps_ = 1;
-  bool self_dropped_ = false;
-  std::chrono::steady_clock::time_point round_start_;
-  std::vector<std::byte> status_send_, status_recv_;
-  std::vector<std::uint8_t> contributes_;
-  std::vector<double> mean_sq_;
+  std::deque<ReductionTiming> completed_;  // reductions waited for by save_state(), oldest first
+  std::uint64_t round_ = 0, next_sync_ = 0;
+  int local_steps_ = 1, step_in_round_ = 0, next_fragment_ = 0;
+  double hint_sum_ = 0, hint_weight_ = 0, round_comm_seconds_ = 0;  // this round's, for the next H
+  std::string unequal_start_;  // the start-weight mismatch found at construction, if any
 };
 
 }  // namespace dilocox

@@ -1,6 +1,6 @@
 // dilocox/dilocox.hpp: the umbrella header: the host core (tensor views, quantizers,
-// projector, error feedback, wire format, codecs, reducers, compressors, outer
-// optimizer, adaptive rank, overlap, OuterLoop) with the in-process and throttled
+// projector, error feedback, wire format, codecs, reducers, the compressors of
+// compress/, outer optimizer, adaptive rank, overlap, OuterLoop) with the in-process and throttled
 // communicators. Needs Eigen on the include path.
 // MPI, NCCL and CUDA headers are included by name, never from here.
 #pragma once
@@ -12,7 +12,13 @@
 #include "dilocox/comm/cost.hpp"
 #include "dilocox/comm/thread.hpp"
 #include "dilocox/comm/throttled.hpp"
-#include "dilocox/compressor.hpp"
+#include "dilocox/comm/any.hpp"
+#include "dilocox/compress/cocktail.hpp"
+#include "dilocox/compress/compressor.hpp"
+#include "dilocox/compress/dense.hpp"
+#include "dilocox/compress/flat_layout.hpp"
+#include "dilocox/compress/lowrank.hpp"
+#include "dilocox/compress/sparse.hpp"
 #include "dilocox/config.hpp"
 #include "dilocox/diloco.hpp"
 #include "dilocox/error_feedback.hpp"
@@ -22,6 +28,7 @@
 #include "dilocox/overlap.hpp"
 #include "dilocox/quantize.hpp"
 #include "dilocox/random.hpp"
+#include "dilocox/sparse_code.hpp"
 #include "dilocox/reduce.hpp"
 #include "dilocox/tensor.hpp"
 #include "dilocox/tensor_eigen.hpp"

@@ -27,13 +27,19 @@ class ErrorFeedback {
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += e[i];
   }
 
-  // e = x - sent: x is what was to be sent (input + old residual), sent what the
-  // receivers decode.
-  void update(std::span<const float> x, std::span<const float> sent) {
+  // e = decay (x - sent): x is what was to be sent (input + old residual), sent what
+  // the receivers decode; decay < 1 forgets old residual geometrically.
+  void update(std::span<const float> x, std::span<const float> sent, float decay = 1.0f) {
     check(x.size(), "update");
     check(sent.size(), "update");
     float* e = e_.data();
-    for (std::size_t i = 0; i < x.size(); ++i) e[i] = x[i] - sent[i];
+    for (std::size_t i = 0; i < x.size(); ++i) e[i] = decay * (x[i] - sent[i]);
+  }
+
+  // e *= decay (after assign() and an in-place subtraction).
+  void scale(float decay) {
+    if (decay != 1.0f)
+      for (float& v : e_) v *= decay;
   }
 
   // e = x, returned so that the caller subtracts what was sent in place (e -= sent) when

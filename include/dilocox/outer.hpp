@@ -15,10 +15,14 @@
 
 namespace dilocox {
 
+// The library's default outer step (every compressor but SparseLoCo, whose accumulator
+// replaces momentum): lr 0.7 as DiLoCo; momentum 0.5, not DiLoCo's 0.9, which diverged
+// or lost up to 10x in loss with compressed or overlapped syncs in tests/convergence
+// (docs/RESULTS.md, "Defaults that converge").
 struct NesterovConfig {
-  float lr = 0.7f;
-  float momentum = 0.9f;
-  bool nesterov = true;
+  float lr = 0.7f;        // DiLoCo's outer learning rate
+  float momentum = 0.5f;  // measured: 0.9 is unsafe once syncs are compressed or delayed
+  bool nesterov = true;   // Nesterov, as DiLoCo
 };
 
 class NesterovOuterOptimizer {

@@ -49,4 +49,11 @@ DILOCOX_HOST_DEVICE inline float counter_normal(std::uint64_t seed, std::uint64_
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2));
 }
 
+// A seed for stream `index` of a run seeded with `seed` (e.g. one quantizer seed per
+// sync), different per `salt` (one salt per use), the same on every replica.
+DILOCOX_HOST_DEVICE constexpr std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t index, std::uint32_t salt) {
+  return seed ^ (static_cast<std::uint64_t>(mix32(static_cast<std::uint32_t>(index) * 2654435761U + salt)) << 32) ^
+         index;
+}
+
 }  // namespace dilocox

@@ -6,8 +6,9 @@
 //   ring:      reduce-scatter in K chunks that decodes, adds and re-encodes on every
 //              hop, then the owner of each chunk encodes its mean once and an
 //              all-gather hands those bytes to everyone (2(K-1)/K payloads per rank).
-// Ranks flagged as not contributing send zeros and are left out of the mean.
-// Not here: what is reduced (compressor.hpp) or when (overlap.hpp).
+// Ranks flagged as not contributing send zeros and are left out of the mean. The
+// reducer holds the codec and its message workspaces; the communicator is given per call.
+// Not here: what is reduced (compress/) or when (overlap.hpp, diloco.hpp).
 #pragma once
 
 #include <algorithm>
@@ -42,30 +43,38 @@ struct ReduceResult {
   int contributors = 0;  // ranks averaged
 };
 
-template <Communicator C>
 class CompressedReducer {
  public:
-  CompressedReducer(C& comm, Codec codec, ReduceAlgorithm algorithm)
-      : comm_(&comm), codec_(codec), algorithm_(algorithm) {
+  CompressedReducer(Codec codec, ReduceAlgorithm algorithm) : codec_(codec), algorithm_(algorithm) {
     if (codec.encoding == Encoding::quantized) validate(codec.quant);
   }
   const Codec& codec() const { return codec_; }
   ReduceAlgorithm algorithm() const { return algorithm_; }
 
+  // What mean() of n floats puts on the wire per rank among k ranks (for planning).
+  static WireCost cost(const Codec& codec, ReduceAlgorithm algorithm, std::size_t n, int k) {
+    if (algorithm == ReduceAlgorithm::allgather || k <= 1) return ring_allgather_cost(codec_payload_size(codec, n), k);
+    const std::size_t p = codec_payload_size(codec, ring_chunk(codec, n, k));
+    WireCost c = ring_allgather_cost(ring_status_bytes + p, k);
+    for (int s = 0; s < k - 1; ++s) c += sendrecv_cost(p, k);
+    return c;
+  }
+
   // out = mean over contributing ranks of what their x decodes to. `contributes` has
   // one entry per rank and must be identical on every rank; x is ignored on a rank
   // that does not contribute. `seed` varies stochastic rounding per call.
-  ReduceResult mean(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
-                    std::uint64_t seed) {
-    const int k = comm_->size();
+  template <Communicator C>
+  ReduceResult mean(C& comm, std::span<const float> x, std::span<const std::uint8_t> contributes,
+                    std::span<float> out, std::uint64_t seed) {
+    const int k = comm.size();
     detail::require(contributes.size() == static_cast<std::size_t>(k), "CompressedReducer::mean",
                     "contributes has " + std::to_string(contributes.size()) + " entries for " + std::to_string(k) +
                         " ranks");
     detail::require(x.size() == out.size(), "CompressedReducer::mean", "input and output sizes differ");
     ReduceResult r;
     r.contributors = count_contributors(contributes);
-    r.cost = algorithm_ == ReduceAlgorithm::ring && k > 1 ? ring(x, contributes, r.contributors, out, seed)
-                                                          : gather(x, contributes, out, seed);
+    r.cost = algorithm_ == ReduceAlgorithm::ring && k > 1 ? ring(comm, x, contributes, r.contributors, out, seed)
+                                                          : gather(comm, x, contributes, out, seed);
     const float inv = r.contributors > 0 ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
     if (algorithm_ == ReduceAlgorithm::allgather || k == 1)
       for (float& v : out) v *= inv;
@@ -73,8 +82,17 @@ class CompressedReducer {
   }
 
  private:
-  std::uint64_t hop_seed(std::uint64_t seed, int step) const {
-    return seed ^ (static_cast<std::uint64_t>(mix32(static_cast<std::uint32_t>(comm_->rank()) * 7919U +
+  static constexpr std::size_t ring_status_bytes = 8;  // u64: 1 + the rank whose payload failed, or 0
+
+  // The ring's chunk length: n / k rounded up to whole quantization blocks.
+  static std::size_t ring_chunk(const Codec& codec, std::size_t n, int k) {
+    const std::size_t align = codec.encoding == Encoding::quantized ? codec.quant.block : 1;
+    const std::size_t per = (n + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
+    return std::max<std::size_t>(align, (per + align - 1) / align * align);
+  }
+
+  static std::uint64_t hop_seed(std::uint64_t seed, int rank, int step) {
+    return seed ^ (static_cast<std::uint64_t>(mix32(static_cast<std::uint32_t>(rank) * 7919U +
                                                     static_cast<std::uint32_t>(step))) << 32);
   }
 
@@ -89,29 +107,29 @@ class CompressedReducer {
     decode_add(v, out);
   }
 
-  WireCost gather(std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
+  template <Communicator C>
+  WireCost gather(C& comm, std::span<const float> x, std::span<const std::uint8_t> contributes, std::span<float> out,
                   std::uint64_t seed) {
-    const int k = comm_->size(), me = comm_->rank();
+    const int k = comm.size(), me = comm.rank();
     const std::size_t p = codec_payload_size(codec_, x.size());
     send_.resize(p);
     recv_.resize(p * static_cast<std::size_t>(k));
-    encode_or_zero(contributes[me] ? x : std::span<const float>{}, x.size(), send_, hop_seed(seed, 0));
-    comm_->allgather(send_, recv_);
+    encode_or_zero(contributes[me] ? x : std::span<const float>{}, x.size(), send_, hop_seed(seed, me, 0));
+    comm.allgather(send_, recv_);
     std::fill(out.begin(), out.end(), 0.0f);
     for (int r = 0; r < k; ++r)  // rank order: the same sum on every rank
       if (contributes[r]) add_payload(std::span<const std::byte>(recv_).subspan(r * p, p), r, out);
-    return ring_allgather_cost(p, k);
+    return cost(codec_, ReduceAlgorithm::allgather, x.size(), k);
   }
 
-  WireCost ring(std::span<const float> x, std::span<const std::uint8_t> contributes, int count, std::span<float> out,
-                std::uint64_t seed) {
-    const int k = comm_->size(), me = comm_->rank();
+  template <Communicator C>
+  WireCost ring(C& comm, std::span<const float> x, std::span<const std::uint8_t> contributes, int count,
+                std::span<float> out, std::uint64_t seed) {
+    const int k = comm.size(), me = comm.rank();
     const bool mine = contributes[me] != 0;
     const std::size_t n = x.size();
-    const std::size_t align = codec_.encoding == Encoding::quantized ? codec_.quant.block : 1;
-    const std::size_t per = (n + static_cast<std::size_t>(k) - 1) / static_cast<std::size_t>(k);
-    const std::size_t len = std::max<std::size_t>(align, (per + align - 1) / align * align);  // chunk length
-    const std::size_t p = codec_payload_size(codec_, len), status = 8;
+    const std::size_t len = ring_chunk(codec_, n, k);
+    const std::size_t p = codec_payload_size(codec_, len), status = ring_status_bytes;
     auto chunk = [&](int c, std::span<const float> v) {  // elements of chunk c that exist in v
       const std::size_t lo = std::min(n, static_cast<std::size_t>(c) * len);
       return v.subspan(lo, std::min(n, lo + len) - lo);
@@ -123,12 +141,12 @@ class CompressedReducer {
 
     // Reduce-scatter: after K-1 hops this rank holds the sum of chunk (me + 1) % K.
     if (mine) add_chunk(chunk(me, x));
-    encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, 0));
+    encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, me, 0));
     std::uint64_t bad_from = 0;  // 1 + the rank whose payload failed, or 0
     std::string why;
     for (int s = 0; s < k - 1; ++s) {
       const int src = (me - 1 + k) % k, c = (me - s - 1 + 2 * k) % k;
-      comm_->sendrecv(std::span(send_).first(p), (me + 1) % k, hop_, src);
+      comm.sendrecv(std::span(send_).first(p), (me + 1) % k, hop_, src);
       std::fill(partial_.begin(), partial_.end(), 0.0f);
       try {
         add_payload(hop_, src, partial_);
@@ -137,14 +155,14 @@ class CompressedReducer {
         std::fill(partial_.begin(), partial_.end(), 0.0f);
       }
       if (mine) add_chunk(chunk(c, x));
-      if (s < k - 2) encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, s + 1));
+      if (s < k - 2) encode(codec_, partial_, std::span(send_).first(p), hop_seed(seed, me, s + 1));
     }
     // The owner's mean of its chunk, encoded once; everyone decodes the same bytes.
     const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
     for (float& v : partial_) v *= inv;
     std::memcpy(send_.data(), &bad_from, status);
-    encode(codec_, partial_, std::span(send_).subspan(status, p), hop_seed(seed, k));
-    comm_->allgather(std::span(send_).first(status + p), std::span(recv_).first((status + p) * k));
+    encode(codec_, partial_, std::span(send_).subspan(status, p), hop_seed(seed, me, k));
+    comm.allgather(std::span(send_).first(status + p), std::span(recv_).first((status + p) * k));
     for (int r = 0; r < k; ++r) {
       std::uint64_t flag;
       std::memcpy(&flag, recv_.data() + r * (status + p), status);
@@ -160,9 +178,7 @@ class CompressedReducer {
       const auto dst = chunk(c, std::span<const float>(out));
       std::copy_n(partial_.begin(), dst.size(), out.begin() + (dst.data() - out.data()));
     }
-    WireCost cost = ring_allgather_cost(status + p, k);
-    for (int s = 0; s < k - 1; ++s) cost += sendrecv_cost(p, k);
-    return cost;
+    return cost(codec_, ReduceAlgorithm::ring, n, k);
   }
 
   void add_chunk(std::span<const float> c) {
@@ -175,7 +191,6 @@ class CompressedReducer {
     encode(codec_, partial_, dst, seed);
   }
 
-  C* comm_;
   Codec codec_;
   ReduceAlgorithm algorithm_;
   std::vector<std::byte> send_, recv_, hop_;  // message workspaces

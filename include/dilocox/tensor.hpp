@@ -45,32 +45,32 @@ struct MatrixView {
 };
 
 // The most dimensions a Shape holds; enough for every tensor of a transformer.
-inline constexpr std::size_t max_rank = 6;
+inline constexpr std::size_t max_ndim = 6;
 
 struct Shape {
-  std::array<std::size_t, max_rank> dims{};
-  std::size_t rank = 0;
+  std::array<std::size_t, max_ndim> dims{};
+  std::size_t ndim = 0;  // number of dimensions (not a matrix rank)
 
   constexpr Shape() = default;
   constexpr Shape(std::initializer_list<std::size_t> d) {
-    if (d.size() > max_rank) throw Error("Shape: more than " + std::to_string(max_rank) + " dimensions");
-    for (std::size_t v : d) dims[rank++] = v;
+    if (d.size() > max_ndim) throw Error("Shape: more than " + std::to_string(max_ndim) + " dimensions");
+    for (std::size_t v : d) dims[ndim++] = v;
   }
   constexpr std::size_t operator[](std::size_t i) const { return dims[i]; }
   constexpr std::size_t numel() const {
     std::size_t n = 1;
-    for (std::size_t i = 0; i < rank; ++i) n *= dims[i];
+    for (std::size_t i = 0; i < ndim; ++i) n *= dims[i];
     return n;
   }
   friend constexpr bool operator==(const Shape& a, const Shape& b) {
-    if (a.rank != b.rank) return false;
-    for (std::size_t i = 0; i < a.rank; ++i)
+    if (a.ndim != b.ndim) return false;
+    for (std::size_t i = 0; i < a.ndim; ++i)
       if (a.dims[i] != b.dims[i]) return false;
     return true;
   }
   std::string str() const {
     std::string s = "(";
-    for (std::size_t i = 0; i < rank; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
+    for (std::size_t i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);
     return s + ")";
   }
 };
@@ -161,10 +161,10 @@ Shape tensor_shape(const T& t) {
 // The reshape rule: a tensor of shape (d0, d1, ..., dk) is the matrix
 // (d0, d1*...*dk). A vector (n) is (n, 1); a scalar is (1, 1).
 constexpr std::array<std::size_t, 2> matrix_shape(const Shape& s) {
-  if (s.rank == 0) return {1, 1};
+  if (s.ndim == 0) return {1, 1};
   const std::size_t rows = s.dims[0];
   std::size_t cols = 1;
-  for (std::size_t i = 1; i < s.rank; ++i) cols *= s.dims[i];
+  for (std::size_t i = 1; i < s.ndim; ++i) cols *= s.dims[i];
   return {rows, cols};
 }
 

@@ -2,8 +2,9 @@
 // wire. Layout (little-endian), 96-byte header then name, body, checksum:
 //   0 magic "DLCX" | 4 u16 version | 6 u16 kind | 8 u8 ndim | 9 u8 bits | 10 u8 rounding
 //   11 u8 scale format | 12 u32 block | 16 u64 seed | 24 u64 dims[6] | 72 u64 count
-//   80 u16 name length | 82 u16 zero | 84 u32 nnz (sparse only) | 88 u64 body length
-//   96 name | body | u64 checksum
+//   80 u16 name length | 82 u16 zero | 84 u32 nnz (sparse: entries; chunked: per chunk)
+//   88 u64 body length | 96 name | body | u64 checksum
+// Every field, byte by byte, with each kind's body: docs/WIRE.md.
 // The checksum (checksum.hpp) covers every byte before it. Needs only the standard
 // library and quantize.hpp's config; does not compress (the body is given).
 #pragma once
@@ -19,6 +20,7 @@
 #include "dilocox/checksum.hpp"
 #include "dilocox/config.hpp"
 #include "dilocox/quantize.hpp"
+#include "dilocox/sparse_code.hpp"
 #include "dilocox/tensor.hpp"
 
 namespace dilocox {
@@ -34,10 +36,14 @@ enum class PayloadKind : std::uint16_t {
   dense_f16 = 3,         // body: count IEEE binary16 values
   dense_bf16 = 4,        // body: count bfloat16 values
   sparse_quantized = 5,  // body: nnz u32 indices (< count), then quantize() of nnz values
+  sparse_chunked = 6,    // body: encode_chunked() of count values, chunk = quant.block, k = nnz, bits 2
 };
-inline constexpr std::uint16_t max_payload_kind = 5;
+inline constexpr std::uint16_t max_payload_kind = 6;
 
 inline bool uses_quant(PayloadKind k) { return k == PayloadKind::quantized || k == PayloadKind::sparse_quantized; }
+
+// The chunked code a sparse_chunked header describes.
+inline ChunkedCode chunked_code(const QuantConfig& q, std::uint32_t nnz) { return {q.block, nnz, q.scale}; }
 
 struct PayloadHeader {
   PayloadKind kind = PayloadKind::dense_f32;
@@ -54,6 +60,7 @@ inline std::size_t body_size(const PayloadHeader& h) {
     case PayloadKind::dense_f16:
     case PayloadKind::dense_bf16: return h.shape.numel() * 2;
     case PayloadKind::sparse_quantized: return std::size_t{h.nnz} * 4 + encoded_size(h.nnz, h.quant);
+    case PayloadKind::sparse_chunked: return chunked_encoded_size(h.shape.numel(), chunked_code(h.quant, h.nnz));
   }
   throw Error("wire: unknown payload kind " + std::to_string(static_cast<int>(h.kind)));
 }
@@ -82,10 +89,16 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   using detail::put;
   detail::require(name.size() <= wire_max_name, "begin_payload",
                   "name longer than " + std::to_string(wire_max_name) + " bytes");
-  detail::require(h.shape.rank <= max_rank, "begin_payload", "shape has too many dimensions");
+  detail::require(h.shape.ndim <= max_ndim, "begin_payload", "shape has too many dimensions");
   if (uses_quant(h.kind)) validate(h.quant);
-  detail::require(h.kind == PayloadKind::sparse_quantized ? h.nnz <= h.shape.numel() : h.nnz == 0, "begin_payload",
-                  "nnz " + std::to_string(h.nnz) + " does not fit the kind and shape");
+  if (h.kind == PayloadKind::sparse_chunked) {
+    validate(chunked_code(h.quant, h.nnz));
+    detail::require(h.quant.bits == 2 && h.quant.rounding == Rounding::nearest && h.quant.seed == 0, "begin_payload",
+                    "a chunked sparse payload has bits 2, nearest rounding and seed 0");
+  } else {
+    detail::require(h.kind == PayloadKind::sparse_quantized ? h.nnz <= h.shape.numel() : h.nnz == 0, "begin_payload",
+                    "nnz " + std::to_string(h.nnz) + " does not fit the kind and shape");
+  }
   const std::size_t body = body_size(h), total = payload_size(h, name);
   detail::require(out.size() >= total, "begin_payload",
                   "output holds " + std::to_string(out.size()) + " bytes, needs " + std::to_string(total));
@@ -94,15 +107,15 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   std::memcpy(b, "DLCX", 4);
   put<std::uint16_t>(b, 4, wire_version);
   put<std::uint16_t>(b, 6, static_cast<std::uint16_t>(h.kind));
-  put<std::uint8_t>(b, 8, static_cast<std::uint8_t>(h.shape.rank));
-  if (uses_quant(h.kind)) {
+  put<std::uint8_t>(b, 8, static_cast<std::uint8_t>(h.shape.ndim));
+  if (uses_quant(h.kind) || h.kind == PayloadKind::sparse_chunked) {
     put<std::uint8_t>(b, 9, static_cast<std::uint8_t>(h.quant.bits));
     put<std::uint8_t>(b, 10, static_cast<std::uint8_t>(h.quant.rounding));
     put<std::uint8_t>(b, 11, static_cast<std::uint8_t>(h.quant.scale));
     put<std::uint32_t>(b, 12, static_cast<std::uint32_t>(h.quant.block));
     put<std::uint64_t>(b, 16, h.quant.seed);
   }
-  for (std::size_t i = 0; i < h.shape.rank; ++i) put<std::uint64_t>(b, 24 + 8 * i, h.shape.dims[i]);
+  for (std::size_t i = 0; i < h.shape.ndim; ++i) put<std::uint64_t>(b, 24 + 8 * i, h.shape.dims[i]);
   put<std::uint64_t>(b, 72, h.shape.numel());
   put<std::uint16_t>(b, 80, static_cast<std::uint16_t>(name.size()));
   put<std::uint32_t>(b, 84, h.nnz);
@@ -167,10 +180,10 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
   if (kind < 1 || kind > max_payload_kind) fail("unknown kind " + std::to_string(kind));
   v.header.kind = static_cast<PayloadKind>(kind);
   const auto ndim = get<std::uint8_t>(b, 8);
-  if (ndim > max_rank) fail("ndim " + std::to_string(ndim) + " > " + std::to_string(max_rank));
-  v.header.shape.rank = ndim;
+  if (ndim > max_ndim) fail("ndim " + std::to_string(ndim) + " > " + std::to_string(max_ndim));
+  v.header.shape.ndim = ndim;
   std::uint64_t count = 1;
-  for (std::size_t i = 0; i < max_rank; ++i) {
+  for (std::size_t i = 0; i < max_ndim; ++i) {
     const auto d = get<std::uint64_t>(b, 24 + 8 * i);
     if (i >= ndim) {
       if (d != 0) fail("dimension " + std::to_string(i) + " set beyond ndim");
@@ -183,9 +196,28 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
   if (count != get<std::uint64_t>(b, 72)) fail("count does not match the shape " + v.header.shape.str());
   if (get<std::uint16_t>(b, 82) != 0) fail("reserved header bytes are not zero");
   v.header.nnz = get<std::uint32_t>(b, 84);
-  if (v.header.kind == PayloadKind::sparse_quantized ? v.header.nnz > count : v.header.nnz != 0)
+  const bool chunked = v.header.kind == PayloadKind::sparse_chunked;
+  if (!chunked && (v.header.kind == PayloadKind::sparse_quantized ? v.header.nnz > count : v.header.nnz != 0))
     fail("nnz " + std::to_string(v.header.nnz) + " does not fit the kind and count");
-  if (uses_quant(v.header.kind)) {
+  if (chunked) {
+    v.header.quant.bits = get<std::uint8_t>(b, 9);
+    v.header.quant.rounding = static_cast<Rounding>(get<std::uint8_t>(b, 10));
+    v.header.quant.scale = static_cast<ScaleFormat>(get<std::uint8_t>(b, 11));
+    v.header.quant.block = get<std::uint32_t>(b, 12);
+    v.header.quant.seed = get<std::uint64_t>(b, 16);
+    if (v.header.quant.bits != 2 || v.header.quant.rounding != Rounding::nearest || v.header.quant.seed != 0)
+      fail("a chunked sparse payload has bits 2, nearest rounding and seed 0");
+    try {
+      validate(chunked_code(v.header.quant, v.header.nnz));
+    } catch (const Error& e) {
+      fail(e.what());
+    }
+    // Each chunk carries two scales: bound the chunk count by the body before sizing it.
+    const std::uint64_t chunks = count / v.header.quant.block + (count % v.header.quant.block ? 1 : 0);
+    if (chunks > body_len / (2 * scale_bytes(v.header.quant.scale)) ||
+        chunks > body_len * 8 / (std::uint64_t{v.header.nnz} * (chunk_index_bits(v.header.quant.block) + 2)) + 1)
+      fail("body of " + std::to_string(body_len) + " bytes is too short for " + std::to_string(count) + " elements");
+  } else if (uses_quant(v.header.kind)) {
     v.header.quant.bits = get<std::uint8_t>(b, 9);
     v.header.quant.rounding = static_cast<Rounding>(get<std::uint8_t>(b, 10));
     v.header.quant.scale = static_cast<ScaleFormat>(get<std::uint8_t>(b, 11));
@@ -204,7 +236,7 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
   std::uint64_t elem_bound = body_len * 2 + 2;  // quantized: at least half a byte per element
   if (v.header.kind == PayloadKind::dense_f32) elem_bound = body_len / 4;
   if (v.header.kind == PayloadKind::dense_f16 || v.header.kind == PayloadKind::dense_bf16) elem_bound = body_len / 2;
-  if (v.header.kind == PayloadKind::sparse_quantized) elem_bound = count;  // body bounded by nnz below
+  if (v.header.kind == PayloadKind::sparse_quantized || chunked) elem_bound = count;  // bounded by nnz, chunks
   if (count > elem_bound) fail("body of " + std::to_string(body_len) + " bytes is too short for " + std::to_string(count) + " elements");
   if (body_size(v.header) != body_len)
     fail("body of " + std::to_string(body_len) + " bytes, expected " + std::to_string(body_size(v.header)));
@@ -214,6 +246,13 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
     for (std::uint32_t i = 0; i < v.header.nnz; ++i)
       if (get<std::uint32_t>(v.body.data(), 4 * std::size_t{i}) >= count)
         fail("sparse index " + std::to_string(i) + " outside the tensor");
+  }
+  if (chunked) {
+    try {
+      check_chunked_indices(v.body, count, chunked_code(v.header.quant, v.header.nnz));
+    } catch (const Error& e) {
+      fail(e.what());
+    }
   }
   v.size = end + wire_checksum_bytes;
   return v;

@@ -33,7 +33,7 @@ struct ParamTensor {
   // The library's Shape (for OuterLoop tensors and wire payloads).
   Shape dims() const {
     Shape s;
-    for (int d : shape) s.dims[s.rank++] = static_cast<std::size_t>(d);
+    for (int d : shape) s.dims[s.ndim++] = static_cast<std::size_t>(d);
     return s;
   }
 };

@@ -126,40 +126,46 @@ plan)  # the paper's arithmetic and the 107B layout, pinned
   [[ $params -gt 105000000000 && $params -lt 112000000000 ]] || fail "107B preset has $params parameters"
   echo "ok: 100e9 x 3 clusters at 1 Gbit/s: 533.3 GB and 1.185 h per sync; $(head -1 q.txt)"
   ;;
-clusters)  # K = 2 clusters x S = 2 stages, every sync mode: loss falls, replicas identical, resume, NaN
+clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 streaming fragments):
+           # loss falls, replicas identical, resume mid-round bit for bit, NaN replica dropped
   [[ -n $mpiexec ]] || fail "clusters needs MPIEXEC"
   mpi=("$mpiexec" -n 4 --oversubscribe --allow-run-as-root)
   flags=("${common[@]}" --clusters 2 --stages 2 --micro-batches 2 --tokens 6144 --local-steps 3 --lr 3e-3)
   # No `| head` under pipefail: a reader that stops early can SIGPIPE a writer with more
   # than one buffer to send, and `x=$(...)` then ends the script without a word.
   field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
-  for mode in allreduce diloco cocktail dilocox; do
-    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics $mode.jsonl >$mode.txt
+  for run in allreduce diloco cocktail sparseloco dilocox dilocox:--fragments:2; do
+    mode=${run%%:*}
+    extra=()
+    [[ $run == *:* ]] && IFS=: read -r -a extra <<<"${run#*:}"
+    mode_flags=(--sync "$mode" "${extra[@]}")
+    mode=${run//:/_}
+    "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --metrics $mode.jsonl >$mode.txt
     [[ $(field replicas_identical $mode.txt) == true ]] || fail "$mode: replicas differ: $(cat $mode.txt)"
     first=$(grep -m1 '"type":"step"' $mode.jsonl | grep -o '"loss":[^,]*' | cut -d: -f2)
     final=$(field final_eval_loss $mode.txt)
     awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
-    rounds=$(field rounds $mode.txt)
-    [[ $mode == allreduce || $rounds -ge 3 ]] || fail "$mode: only $rounds rounds"
-    # Resume mid-run: stop after 9 steps (a round end), continue; same losses bit for bit.
-    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --stop-after 9 >/dev/null
-    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --resume >r_$mode.txt
+    syncs=$(field syncs $mode.txt)
+    [[ $mode == allreduce || $syncs -ge 3 ]] || fail "$mode: only $syncs syncs"
+    # Resume mid-round: stop after 8 steps (H 3: inside the third round), continue; same losses bit for bit.
+    "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --stop-after 8 >/dev/null
+    "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --resume >r_$mode.txt
     losses $mode.jsonl >a.txt
     losses r_$mode.jsonl >b.txt
     diff a.txt b.txt >/dev/null || fail "$mode: the resumed run's losses differ: $(diff a.txt b.txt | head -4)"
     [[ $(field final_eval_loss $mode.txt) == $(field final_eval_loss r_$mode.txt) ]] || fail "$mode: resumed eval differs"
     # A NaN batch on replica 1 at step 4: dropped and reported, the others unharmed.
-    "${mpi[@]}" "$train" "${flags[@]}" --sync $mode --inject-nan 4:1 --metrics n_$mode.jsonl >n_$mode.txt 2>n_$mode.err
+    "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --inject-nan 4:1 --metrics n_$mode.jsonl >n_$mode.txt 2>n_$mode.err
     [[ $(field replicas_identical n_$mode.txt) == true ]] || fail "$mode NaN: replicas differ"
     nan_final=$(field final_eval_loss n_$mode.txt)
     awk -v a="$first" -v b="$nan_final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode NaN: loss $nan_final"
     if [[ $mode == allreduce ]]; then
       grep -q '"contributors":1' n_$mode.jsonl || fail "allreduce NaN: no step averaged without replica 1"
     else
-      [[ $(field dropped_rounds n_$mode.txt) -ge 1 ]] || fail "$mode NaN: no dropped round: $(cat n_$mode.txt)"
+      [[ $(field dropped_syncs n_$mode.txt) -ge 1 ]] || fail "$mode NaN: no dropped sync: $(cat n_$mode.txt)"
       grep -q '"dropped":\[{"replica":1' n_$mode.jsonl || fail "$mode NaN: replica 1 not reported"
     fi
-    echo "ok: $mode: loss $first -> $final, $rounds rounds, replicas identical; resume bit for bit; NaN on replica 1 -> $nan_final"
+    echo "ok: $mode: loss $first -> $final, $syncs syncs, replicas identical; resume bit for bit; NaN on replica 1 -> $nan_final"
   done
   ;;
 *) fail "unknown case $case_name" ;;

@@ -1,0 +1,306 @@
+// run_convergence: the convergence suite (ctest label `convergence`). Trains each task
+// of tasks.hpp on K in-process replicas (ThreadCommunicator) with the per-step gradient
+// average (AllReduce) and with every compressor at its library defaults through
+// OuterLoop, Adam and SGD inner, overlap on and off; checks that every run ends within
+// a stated factor of AllReduce's validation loss and never diverges.
+//   run_convergence --suite [--quick]        the whole grid: a table, exit 1 on a miss
+//   run_convergence --task T --method M ...  one run, one JSON line (studies)
+// One-run flags: --task, --method (allreduce|dense|cocktail|sparseloco|dilocox), --inner
+// (adam|sgd), --overlap 0|1, --replicas K, --steps N, --local-steps H, --fragments F,
+// --seed S, --lr X, and knobs over the defaults: --outer-lr, --outer-momentum,
+// --nesterov 0|1, --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1.
+#include "tasks.hpp"
+
+#include <dilocox/comm/thread.hpp>
+#include <dilocox/compress/cocktail.hpp>
+#include <dilocox/compress/dense.hpp>
+#include <dilocox/compress/lowrank.hpp>
+#include <dilocox/compress/sparse.hpp>
+#include <dilocox/diloco.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../thread_ranks.hpp"
+
+using namespace convergence;
+
+namespace {
+
+// ---- inner optimizers -------------------------------------------------------------
+struct InnerOptimizer {
+  bool adam = true;
+  float lr = 1e-3f;
+  std::vector<float> m{}, v{};  // (n) Adam moments
+  std::int64_t t = 0;
+  void step(std::span<float> p, std::span<const float> g) {
+    if (!adam) {
+      for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * g[i];
+      return;
+    }
+    if (m.empty()) m.assign(p.size(), 0.0f), v.assign(p.size(), 0.0f);
+    ++t;
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float c1 = 1.0f - std::pow(b1, static_cast<float>(t)), c2 = 1.0f - std::pow(b2, static_cast<float>(t));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      p[i] -= lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + eps);
+    }
+  }
+};
+
+// Per task: the suite's budget and replicas, and the inner learning rates, chosen on the
+// AllReduce baseline with the tuning seed (1) from {1e-3, 3e-3, 1e-2, 3e-2} (Adam) and
+// {0.02, 0.1, 0.3, 1} (SGD).
+struct TaskSetting {
+  int steps, replicas;
+  float adam_lr, sgd_lr;
+};
+const std::map<std::string, TaskSetting>& task_settings() {
+  static const std::map<std::string, TaskSetting> s = {
+      {"least_squares", {4000, 4, 1e-2f, 0.3f}},
+      {"mlp_regression", {1000, 2, 1e-3f, 0.02f}},
+      {"classifier", {2000, 3, 3e-3f, 0.1f}},
+      {"gpt", {600, 2, 3e-3f, 0.3f}}};
+  return s;
+}
+float default_lr(const std::string& task, bool adam) {
+  const auto& t = task_settings().at(task);
+  return adam ? t.adam_lr : t.sgd_lr;
+}
+
+struct Run {
+  std::string task = "mlp_regression", method = "dilocox", inner = "adam";
+  bool overlap = true;
+  int replicas = 2, steps = 2000, local_steps = 20, fragments = 1;
+  std::uint64_t seed = 1;
+  std::optional<float> lr, outer_lr, outer_momentum, error_decay;
+  std::optional<bool> nesterov, adaptive, ef;
+  std::optional<int> rank, max_rank, bits;
+  std::string rebase = "keep";
+};
+
+struct Result {
+  double initial = 0, final_loss = 0, best = 0;
+  bool diverged = false;
+  double ratio_vs_allreduce = 0, ratio_vs_fp32 = 0, low_rank = 0, seconds = 0;
+  int final_h = 0;
+};
+
+dx::AnyCompressor make_compressor(const Run& r) {
+  if (r.method == "dense") {
+    dx::DenseConfig c;
+    if (r.bits) c.codec = *r.bits == 32   ? dx::Codec{dx::Encoding::f32, {}}
+                          : *r.bits == 16 ? dx::Codec{dx::Encoding::f16, {}}
+                                          : dx::Codec{dx::Encoding::quantized, {.bits = *r.bits, .block = 128}};
+    if (r.ef) c.error_feedback = *r.ef;
+    if (r.error_decay) c.error_decay = *r.error_decay;
+    return dx::DenseCompressor(c);
+  }
+  if (r.method == "cocktail") {
+    dx::CocktailConfig c;
+    if (r.error_decay) c.error_decay = *r.error_decay;
+    return dx::CocktailCompressor(c);
+  }
+  if (r.method == "sparseloco") {
+    dx::SparseLoCoConfig c;
+    if (r.error_decay) c.error_decay = *r.error_decay;
+    if (r.outer_lr) c.outer_lr = *r.outer_lr;
+    if (r.ef) c.keep_residual = *r.ef;
+    return dx::SparseLoCoCompressor(c);
+  }
+  if (r.method == "dilocox") {
+    dx::LowRankCompressorConfig c;
+    if (r.rank) c.rank = *r.rank;
+    if (r.max_rank) c.adaptive_config.r_max = *r.max_rank;
+    if (r.adaptive) c.adaptive = *r.adaptive;
+    if (r.ef) c.error_feedback = *r.ef;
+    if (r.error_decay) c.error_decay = *r.error_decay;
+    if (r.bits) c.factor_quant.bits = *r.bits;
+    return dx::LowRankCompressor(c);
+  }
+  throw dx::Error("unknown method '" + r.method + "'");
+}
+
+Result run(const Run& r) {
+  Result res;
+  std::mutex m;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(r.replicas, [&](dx::ThreadCommunicator& comm) {
+    auto task = make_task(r.task, comm.rank(), r.replicas, r.seed);
+    InnerOptimizer opt{.adam = r.inner == "adam", .lr = r.lr ? *r.lr : default_lr(r.task, r.inner == "adam")};
+    if (r.inner != "adam" && r.inner != "sgd") throw dx::Error("unknown --inner '" + r.inner + "' (adam, sgd)");
+    const double initial = task->eval();
+    double train_loss = 0;
+    bool diverged = false;
+    std::optional<dx::OuterLoop<dx::ThreadCommunicator>> loop;
+    std::vector<dx::SyncStats> stats;
+    if (r.method != "allreduce") {
+      std::vector<dx::NamedTensor> named;
+      std::size_t at = 0;
+      for (const auto& s : task->layout()) {
+        named.push_back({s.name, s.shape, task->params().subspan(at, s.shape.numel())});
+        at += s.shape.numel();
+      }
+      dx::OuterLoopConfig cfg;
+      cfg.local_steps = r.local_steps;
+      cfg.max_local_steps = std::max(cfg.max_local_steps, r.local_steps);
+      cfg.overlap = r.overlap;
+      cfg.fragments = r.fragments;
+      cfg.rebase = r.rebase == "overwrite" ? dx::Rebase::overwrite : dx::Rebase::keep;
+      if (r.outer_lr || r.outer_momentum || r.nesterov) {
+        dx::NesterovConfig o = make_compressor(r).outer_step().value_or(dx::NesterovConfig{});
+        if (r.outer_lr) o.lr = *r.outer_lr;
+        if (r.outer_momentum) o.momentum = *r.outer_momentum;
+        if (r.nesterov) o.nesterov = *r.nesterov;
+        cfg.outer = o;
+      }
+      loop.emplace(comm, std::move(named), make_compressor(r), cfg);
+    }
+    for (std::int64_t s = 0; s < r.steps; ++s) {
+      train_loss = task->train(s);
+      if (!std::isfinite(train_loss) || train_loss > 1e4 * std::max(initial, 1e-3)) diverged = true;
+      if (!loop) {
+        comm.allreduce_sum(task->grads());
+        for (float& g : task->grads()) g /= static_cast<float>(r.replicas);
+      }
+      opt.step(task->params(), task->grads());
+      if (loop)
+        for (auto& st : loop->step()) stats.push_back(std::move(st));
+    }
+    if (loop)
+      for (auto& st : loop->finish()) stats.push_back(std::move(st));
+    const double final_loss = task->eval();
+    std::lock_guard lock(m);
+    if (comm.rank() != 0) return;
+    res.initial = initial;
+    res.final_loss = final_loss;
+    res.diverged = diverged || !std::isfinite(final_loss) || final_loss > 10 * initial;
+    if (loop) {
+      double wire = 0, ar = 0, fp = 0;
+      for (const auto& st : stats) wire += st.wire_bytes, ar += st.allreduce_step_bytes, fp += st.fp32_sync_bytes;
+      res.ratio_vs_allreduce = wire > 0 ? ar / wire : 0;
+      res.ratio_vs_fp32 = wire > 0 ? fp / wire : 0;
+      res.low_rank = stats.empty() ? 0 : stats.back().low_rank;
+      res.final_h = loop->local_steps();
+    }
+  });
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return res;
+}
+
+std::string json(const Run& r, const Result& x) {
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "{\"task\":\"%s\",\"method\":\"%s\",\"inner\":\"%s\",\"overlap\":%d,\"replicas\":%d,\"steps\":%d,"
+                "\"H\":%d,\"seed\":%llu,\"initial\":%.6g,\"final\":%.6g,\"diverged\":%s,\"ratio_vs_allreduce\":%.1f,"
+                "\"ratio_vs_fp32\":%.1f,\"rank\":%.1f,\"final_H\":%d,\"seconds\":%.2f}",
+                r.task.c_str(), r.method.c_str(), r.inner.c_str(), r.overlap ? 1 : 0, r.replicas, r.steps,
+                r.local_steps, static_cast<unsigned long long>(r.seed), x.initial, x.final_loss,
+                x.diverged ? "true" : "false", x.ratio_vs_allreduce, x.ratio_vs_fp32, x.low_rank, x.final_h,
+                x.seconds);
+  return buf;
+}
+
+bool task_given = false;
+
+bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--suite") { suite = true; continue; }
+    if (a == "--quick") { quick = true; continue; }
+    if (i + 1 >= argc) return false;
+    const std::string v = argv[++i];
+    if (a == "--task") r.task = v, task_given = true;
+    else if (a == "--method") r.method = v;
+    else if (a == "--inner") r.inner = v;
+    else if (a == "--overlap") r.overlap = v != "0";
+    else if (a == "--replicas") r.replicas = std::stoi(v);
+    else if (a == "--steps") r.steps = std::stoi(v);
+    else if (a == "--local-steps") r.local_steps = std::stoi(v);
+    else if (a == "--fragments") r.fragments = std::stoi(v);
+    else if (a == "--seed") r.seed = std::stoull(v);
+    else if (a == "--lr") r.lr = std::stof(v);
+    else if (a == "--outer-lr") r.outer_lr = std::stof(v);
+    else if (a == "--outer-momentum") r.outer_momentum = std::stof(v);
+    else if (a == "--nesterov") r.nesterov = v != "0";
+    else if (a == "--error-decay") r.error_decay = std::stof(v);
+    else if (a == "--rank") r.rank = std::stoi(v);
+    else if (a == "--max-rank") r.max_rank = std::stoi(v);
+    else if (a == "--adaptive") r.adaptive = v != "0";
+    else if (a == "--ef") r.ef = v != "0";
+    else if (a == "--bits") r.bits = std::stoi(v);
+    else if (a == "--rebase") r.rebase = v;
+    else return false;
+  }
+  return true;
+}
+
+// ---- the suite ------------------------------------------------------------------------
+// Every compressor at its defaults against AllReduce, per task and inner optimizer;
+// a run passes when it does not diverge and ends within `factor` of AllReduce's loss.
+int run_suite(bool quick, double factor, const std::string& only) {
+  const std::vector<std::string> methods = {"dense", "cocktail", "sparseloco", "dilocox"};
+  std::printf("| task | inner | AllReduce |");
+  for (const auto& m : methods) std::printf(" %s, overlap | %s, no overlap |", m.c_str(), m.c_str());
+  std::printf("\n|---|---|---:|");
+  for (std::size_t i = 0; i < 2 * methods.size(); ++i) std::printf("---:|");
+  std::printf("\n");
+  int failed = 0;
+  for (const auto& [task, setting] : task_settings()) {
+    if (!only.empty() && task != only) continue;
+    for (const char* inner : {"adam", "sgd"}) {
+      Run base;
+      base.task = task, base.inner = inner, base.method = "allreduce";
+      base.steps = quick ? setting.steps / 4 : setting.steps;
+      base.replicas = setting.replicas;
+      const Result b = run(base);
+      std::fprintf(stderr, "%s\n", json(base, b).c_str());
+      std::printf("| %s (K=%d, %d steps) | %s | %.4g |", task.c_str(), base.replicas, base.steps, inner, b.final_loss);
+      for (const auto& m : methods)
+        for (bool overlap : {true, false}) {
+          Run r = base;
+          r.method = m, r.overlap = overlap;
+          const Result x = run(r);
+          std::fprintf(stderr, "%s\n", json(r, x).c_str());
+          const bool ok = !x.diverged && !b.diverged && x.final_loss <= factor * b.final_loss;
+          failed += ok ? 0 : 1;
+          std::printf(" %.4g (%.2fx, %.0fx less)%s |", x.final_loss, x.final_loss / b.final_loss, x.ratio_vs_allreduce,
+                      ok ? "" : (x.diverged ? " DIVERGED" : " MISS"));
+        }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nloss (loss / AllReduce's, bytes / AllReduce's bytes); pass: no divergence and loss <= %.2fx "
+              "AllReduce's. %d run(s) missed.\n", factor, failed);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Run one;
+  bool suite = false, quick = false;
+  try {
+    if (!parse(argc, argv, one, suite, quick)) {
+      std::fprintf(stderr, "run_convergence: bad arguments (see the comment at the top of run_convergence.cpp)\n");
+      return 2;
+    }
+    if (!suite) {
+      std::printf("%s\n", json(one, run(one)).c_str());
+      return 0;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "run_convergence: %s\n", e.what());
+    return 2;
+  }
+  return run_suite(quick, 2.0, task_given ? one.task : std::string());
+}
