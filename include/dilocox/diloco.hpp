@@ -79,6 +79,19 @@ template <Tensor T>
 NamedTensor named(std::string name, T& tensor) {
   return {std::move(name), tensor_shape(tensor), as_span(tensor)};
 }
+// A raw buffer with its shape (e.g. a std::vector<float> holding a (rows, cols) matrix).
+inline NamedTensor named(std::string name, TensorView<float> view) {
+  return {std::move(name), view.shape, {view.data, view.shape.numel()}};
+}
+// Anything else: one short error instead of a page of template diagnostics.
+template <class T>
+NamedTensor named(std::string, T&) {
+  static_assert(Tensor<T>,
+                "dilocox::named: this type is not a dilocox::Tensor (contiguous host floats): a strided view, block "
+                "or expression is not; pass a contiguous copy, or specialize dilocox::tensor_traits for your type");
+  static_assert(!Tensor<T>, "dilocox::named: a dilocox::Tensor of float in host memory is needed");
+  return {};
+}
 
 struct DroppedReplica {
   int replica;

@@ -40,7 +40,7 @@ using TensorSpans = std::span<const std::span<float>>;
 
 // What a sync did, and what the compressor asks of the next rounds.
 struct SyncReport {
-  WireCost cost;                 // bytes this rank put on the wire for this sync, and hops waited for
+  WireCost cost{};               // bytes this rank put on the wire for this sync, and hops waited for
   int contributors = 0;          // replicas averaged
   double low_rank = 0;           // mean rank of the tensors sent low rank (0: none)
   double local_steps_scale = 0;  // H hint: next H = H0 x scale (adaptive compression); 0 = no opinion
