@@ -22,7 +22,9 @@ else()
     message(FATAL_ERROR "DILOCOX_WITH_CUDA=ON but no CUDA compiler (nvcc) was found")
   endif()
 endif()
-message(STATUS "dilocox: CUDA targets ${DILOCOX_CUDA}")
+if(DILOCOX_PROGRAMS OR DILOCOX_CUDA)
+  message(STATUS "dilocox: CUDA targets ${DILOCOX_CUDA}")
+endif()
 
 # dilocox_cuda_flags: how our own CUDA sources compile (C++20 asked of nvcc directly:
 # CMake 3.25 has no cuda_std_20 feature for CUDA 13; nvcc warnings are errors).

@@ -59,6 +59,18 @@ class ClusterSync {
     }
   }
 
+  // How the compressor sends this stage's tensors, when it says (DiLoCoX: which go low
+  // rank and which are quantized only); empty otherwise.
+  std::string treatment() {
+    if (!loop_) return "";
+    const auto* lr = loop_->compressor().get<LowRankCompressor>();
+    if (!lr) return "";
+    std::string low, small;
+    for (const auto& t : lr->treatment()) (t.low_rank ? low : small) += (t.low_rank ? low : small).empty() ? t.name : ", " + t.name;
+    return "low rank: " + (low.empty() ? std::string("none") : low) + "; quantized only (low rank would not pay): " +
+           (small.empty() ? std::string("none") : small);
+  }
+
   bool per_step() const { return mode_->per_step; }
   int replicas() const { return link_.size(); }
   int replica() const { return link_.rank(); }

@@ -276,6 +276,8 @@ class Run {
                     std::to_string(total_steps) + " steps of " + std::to_string(step_tokens) + " tokens" +
                     (sync ? ", sync " + o_.sync + ": " + sync->describe() : "") +
                     (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
+    if (rank_ == 0 && !o_.quiet && sync && !sync->treatment().empty())
+      progress.note("dilocox-train: stage 0: " + sync->treatment());
 
     double train_seconds = 0, last_eval = std::numeric_limits<double>::quiet_NaN();
     std::int64_t step = start, trained_here = 0;

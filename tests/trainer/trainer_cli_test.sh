@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of dilocox-train, one case per ctest test:
 #   trainer_cli_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
-# CASE: bad_flags | resume | sigint | corrupt | pipeline | plan | clusters. Each prints what it checks
+# CASE: bad_flags | resume | sigint | corrupt | pipeline | plan | clusters | load. Each prints what it checks
 # and exits non-zero on the first mismatch.
 set -euo pipefail
 # Any command that stops the script says so (set -e alone would end it silently).
@@ -167,6 +167,19 @@ clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 
     fi
     echo "ok: $mode: loss $first -> $final, $syncs syncs, replicas identical; resume bit for bit; NaN on replica 1 -> $nan_final"
   done
+  ;;
+load)  # same flags + seed = same numbers, idle or beside busy loops on every core (H is agreed, never timed)
+  [[ -n $mpiexec ]] || fail "load needs MPIEXEC"
+  mpi=("$mpiexec" -n 2 --oversubscribe --allow-run-as-root)
+  flags=("${common[@]}" --clusters 2 --tokens 8192 --local-steps 3 --lr 3e-3 --sync dilocox --wan-bandwidth 10Mbps)
+  strip() { sed -E 's/"(tokens_per_second|wall_seconds|comm_hidden_fraction)":[^,}]*//g' "$1"; }
+  "${mpi[@]}" "$train" "${flags[@]}" >idle.txt
+  hogs=()
+  for _ in $(seq "$(nproc)"); do (while :; do :; done) & hogs+=($!); done
+  "${mpi[@]}" "$train" "${flags[@]}" >loaded.txt
+  kill "${hogs[@]}"
+  diff <(strip idle.txt) <(strip loaded.txt) >/dev/null || fail "the loaded run differs: $(diff <(strip idle.txt) <(strip loaded.txt))"
+  echo "ok: idle and loaded runs agree apart from timings: $(strip idle.txt)"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

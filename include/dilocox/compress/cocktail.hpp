@@ -54,9 +54,9 @@ class CocktailCompressor {
   }
 
   std::string describe() const {
-    return "cocktail random " + std::to_string(config_.random_fraction) + " x top-k " +
-           std::to_string(config_.topk_fraction) + " + int" + std::to_string(config_.quant.bits) + "/b" +
-           std::to_string(config_.quant.block) + " + error feedback decay " + std::to_string(config_.error_decay);
+    return "cocktail random " + detail::number(config_.random_fraction) + " x top-k " +
+           detail::number(config_.topk_fraction) + " + int" + std::to_string(config_.quant.bits) + "/b" +
+           std::to_string(config_.quant.block) + " + error feedback decay " + detail::number(config_.error_decay);
   }
 
   SyncReport sync(AnyCommunicator& comm, const SyncInput& in, TensorSpans x, TensorSpans mean) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <concepts>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22,6 +23,15 @@
 #include "dilocox/tensor.hpp"
 
 namespace dilocox {
+
+namespace detail {
+// A number as people write it ("0.95", "4", "1e-05"), for describe().
+inline std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+}  // namespace detail
 
 struct TensorSpec {
   std::string name;

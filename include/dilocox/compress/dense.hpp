@@ -49,7 +49,7 @@ class DenseCompressor {
 
   std::string describe() const {
     return "dense " + to_string(config_.codec) +
-           (config_.error_feedback ? " + error feedback decay " + std::to_string(config_.error_decay) : "") + ", " +
+           (config_.error_feedback ? " + error feedback decay " + detail::number(config_.error_decay) : "") + ", " +
            to_string(config_.algorithm);
   }
 

@@ -94,11 +94,11 @@ class LowRankCompressor {
     return "low-rank r" + std::to_string(config_.rank) + " int" + std::to_string(config_.factor_quant.bits) + "/b" +
            std::to_string(config_.factor_quant.block) + " factors, small tensors int" +
            std::to_string(config_.small_quant.bits) + "/b" + std::to_string(config_.small_quant.block) +
-           (config_.error_feedback ? " + error feedback decay " + std::to_string(config_.error_decay) : "") +
+           (config_.error_feedback ? " + error feedback decay " + detail::number(config_.error_decay) : "") +
            (config_.adaptive ? " + adaptive rank [" + std::to_string(config_.adaptive_config.r_min) + ", " +
                                    std::to_string(config_.adaptive_config.r_max) + "]"
                              : "") +
-           ", min ratio " + std::to_string(config_.min_ratio) + ", " + to_string(config_.algorithm);
+           ", min ratio " + detail::number(config_.min_ratio) + ", " + to_string(config_.algorithm);
   }
 
   // Which tensors go low rank, at which rank now (the rest: quantized only).

@@ -54,7 +54,7 @@ class SparseLoCoCompressor {
 
   std::string describe() const {
     return "sparseloco top-" + std::to_string(config_.k) + " of " + std::to_string(config_.chunk) +
-           " + 2-bit values, error feedback decay " + std::to_string(config_.error_decay);
+           " + 2-bit values, error feedback decay " + detail::number(config_.error_decay);
   }
 
   NesterovConfig outer_step() const { return {.lr = config_.outer_lr, .momentum = 0.0f, .nesterov = false}; }
