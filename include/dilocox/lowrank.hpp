@@ -95,7 +95,9 @@ inline RowMatrixF resized_factor(const RowMatrixF& q, int r, std::uint64_t seed,
 using PacketF = Eigen::internal::packet_traits<float>::type;
 inline constexpr std::size_t packet_floats = sizeof(PacketF) / sizeof(float);  // 1 without SIMD
 inline constexpr std::size_t pack_width = 3 * packet_floats;  // columns per tile of W^T and of packed rows
-inline constexpr std::size_t sweep_block_bytes = 256 << 10;   // rows per block: about this many bytes of X
+// Rows per block: about this many bytes of X, and at least 16 (32 from rank 16 on), so
+// that each tile of W^T is loaded and stored once per that many rows.
+inline constexpr std::size_t sweep_block_bytes = 256 << 10;
 // Dot products run over whole rows (one stream per row for the prefetcher) up to this
 // rank; above it, over chunks of sweep_depth columns, which stay in L2 between the
 // column tiles that re-read them.
@@ -501,7 +503,8 @@ class PowerIterationProjector {
   }
 
   std::size_t sweep_block_rows() const {
-    return std::min(rows_, std::max<std::size_t>(4, detail::sweep_block_bytes / (cols_ * sizeof(float))));
+    const std::size_t min_rows = static_cast<std::size_t>(rank_) >= detail::whole_row_rank ? 32 : 16;
+    return std::min(rows_, std::max(min_rows, detail::sweep_block_bytes / (cols_ * sizeof(float))));
   }
 
   // Q = W R^-1 (W = wt_^T, R from orthonormalize_left), unless R is too ill-conditioned
