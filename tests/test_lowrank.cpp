@@ -312,7 +312,8 @@ TEST(PowerIterationProjectorStep, IllConditionedSketchReadsXTwice) {
     two.right(view(x));
     two.reconstruct(view(out_two));
     EXPECT_LT(orthonormality_error({one.left_factor().data(), 120, 4}), 1e-4);
-    EXPECT_NEAR(frob_error(x, out_one), frob_error(x, out_two), 1e-6 * x.norm());
+    // ~1e-4 each; rounding through that sketch moves it by ~1e-6 (build-dependent)
+    EXPECT_NEAR(frob_error(x, out_one), frob_error(x, out_two), 1e-5 * x.norm());
   }
   EXPECT_LE(frob_error(x, out_one), 1.02 * optimal + 1e-6 * x.norm());
   EXPECT_GE(one.second_sweeps(), 1u);

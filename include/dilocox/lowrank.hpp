@@ -90,7 +90,7 @@ inline RowMatrixF resized_factor(const RowMatrixF& q, int r, std::uint64_t seed,
 // in cache) gives its rows of P = X Q (dot products along the rows), then adds
 // P_b^T X_b to W^T, reading the block again from cache. Written with Eigen's packet
 // primitives, so the kernels vectorize with whatever SIMD the consumer compiles for
-// (scalars under EIGEN_DONT_VECTORIZE). The tile sizes and the two rules below were
+// (scalars under EIGEN_DONT_VECTORIZE). The tile sizes and the rules below were
 // measured on one AVX2 core (Zen 3); docs/RESULTS.md has the figures.
 using PacketF = Eigen::internal::packet_traits<float>::type;
 inline constexpr std::size_t packet_floats = sizeof(PacketF) / sizeof(float);  // 1 without SIMD
