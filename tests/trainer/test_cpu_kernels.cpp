@@ -39,12 +39,6 @@ void with_threads(int n, Body&& body) {
   cpu::set_threads(1);
 }
 
-#if defined(_OPENMP)
-constexpr bool have_threads = true;
-#else
-constexpr bool have_threads = false;
-#endif
-
 }  // namespace
 
 TEST(CpuGemm, MatchesDoubleReferenceForEveryTransposeAndBeta) {
@@ -80,7 +74,6 @@ TEST(CpuGemm, MatchesDoubleReferenceForEveryTransposeAndBeta) {
 }
 
 TEST(CpuGemm, RowSplitGivesTheBitsOfOneCall) {
-  if (!have_threads) GTEST_SKIP() << "no OpenMP in this build";
   const int m = 300, n = 96, k = 257;
   for (Op ta : {Op::none, Op::trans})
     for (Op tb : {Op::none, Op::trans}) {
@@ -133,7 +126,6 @@ TEST(CpuKernels, SameBitsWhereverTheBuffersLie) {
 
 // One step of a GPT (forward, backward, AdamW) on 1, 2 and 3 threads: the same bits.
 TEST(CpuKernels, ThreadCountDoesNotChangeAStep) {
-  if (!have_threads) GTEST_SKIP() << "no OpenMP in this build";
   GptConfig cfg = gpt_preset("tiny");
   cfg.n_layer = 2, cfg.vocab = 600;  // V not a multiple of 16: ragged row ends
   const int B = 3, T = 50;
@@ -188,7 +180,6 @@ TEST(AdamW, StepIsTheRuleElementByElement) {
   const auto g = random_values<float>(off, 11, 0.1);
   AdamWConfig c;
   for (int threads : {1, 2}) {
-    if (threads > 1 && !have_threads) continue;
     SCOPED_TRACE(threads);
     auto p = random_values<float>(off, 12), ref = p;
     AdamW adam(off);
@@ -202,5 +193,26 @@ TEST(AdamW, StepIsTheRuleElementByElement) {
     EXPECT_TRUE(same_bits(p, ref));
     EXPECT_TRUE(same_bits(std::vector<float>(adam.m().begin(), adam.m().end()), m));
     EXPECT_TRUE(same_bits(std::vector<float>(adam.v().begin(), adam.v().end()), v));
+  }
+}
+
+// The pool behind parallel_ranges: over many back-to-back jobs of varying size (workers
+// late, early, asleep), every index runs exactly once, nested calls run inline, and the
+// thread count can change between jobs.
+TEST(CpuThreads, EveryIndexRunsOnceAcrossManyJobs) {
+  for (int threads : {2, 3, 8}) {
+    SCOPED_TRACE(threads);
+    with_threads(threads, [&] {
+      std::vector<int> count(5000);
+      for (int job = 0; job < 3000; ++job) {
+        const std::size_t n = dilocox::counter_bits(31, static_cast<std::uint64_t>(job)) % count.size();
+        std::fill(count.begin(), count.end(), 0);
+        cpu::parallel_ranges(n, 1 + static_cast<std::size_t>(job % 7), [&](int part, std::size_t b, std::size_t e) {
+          ASSERT_LT(part, threads);
+          cpu::parallel_for(e - b, [&](std::size_t i) { ++count[b + i]; });  // nested: inline
+        });
+        for (std::size_t i = 0; i < count.size(); ++i) ASSERT_EQ(count[i], i < n ? 1 : 0) << "job " << job << " index " << i;
+      }
+    });
   }
 }
