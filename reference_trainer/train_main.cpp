@@ -236,6 +236,7 @@ class Run {
     MPI_Comm_split(world_, stage, replica_, &stage_comm);
     const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
     StageLink link(cluster, pipeline_slots(shape_.schedule, S, stage, shape_.micro_batches), act);
+    cpu::set_threads(o_.threads);
     StageTrainer trainer(shape_, o_.adamw, link, o_.seed);
     prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(S) +
               (K > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(K) : "");

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dilocox needs, skipping those already installed
 # (apt-get update runs only when something is missing).
-#   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen,
-#                                    GoogleTest, Google Benchmark, Open MPI, clang (fuzzing),
-#                                    CLI11, nlohmann-json, python3 and gnuplot (demo table, plots)
+#   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen, OpenBLAS
+#                                    (the trainer's matmuls), GoogleTest, Google Benchmark,
+#                                    Open MPI, clang (fuzzing), CLI11, nlohmann-json, python3
+#                                    and gnuplot (demo table, plots)
 #   scripts/install_deps.sh --bench  also what the side-by-side benchmarks use: Debian's
 #                                    PyTorch and numpy, and OpenBLAS (pthread build), which
 #                                    Debian's torch (BLAS_INFO=generic) then loads through
@@ -15,7 +16,7 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev
-  libeigen3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libeigen3-dev libopenblas-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   python3 gnuplot-nox
