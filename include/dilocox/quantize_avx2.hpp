@@ -324,12 +324,17 @@ DILOCOX_TARGET_AVX2 inline __m256i widen8(const std::uint8_t* q) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
 }
 
-// 16 bytes of int4 codes (32 elements) as two vectors of 16 signed bytes in order.
-DILOCOX_TARGET_AVX2 inline void unpack_nibbles(__m128i b, __m128i& first, __m128i& second) {
-  const __m128i low = _mm_set1_epi8(0x0f), bias = _mm_set1_epi8(8);
-  const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
-  first = _mm_sub_epi8(_mm_unpacklo_epi8(lo, hi), bias);
-  second = _mm_sub_epi8(_mm_unpackhi_epi8(lo, hi), bias);
+// Int4 codes of elements 8K..8K+7 as int32 lanes, from `b`: the 16 code bytes of 32
+// elements in both 128-bit lanes, xor 0x88. Each lane takes its element's byte, shifts
+// the element's nibble to the top and back down arithmetically: (c ^ 8) read as a
+// signed nibble is c - 8.
+template <int K>
+DILOCOX_TARGET_AVX2 inline __m256i widen_nibbles8(__m256i b) {
+  constexpr char z = -1, b0 = 4 * K, b1 = 4 * K + 1, b2 = 4 * K + 2, b3 = 4 * K + 3;
+  const __m256i pick = _mm256_setr_epi8(b0, z, z, z, b0, z, z, z, b1, z, z, z, b1, z, z, z,  //
+                                        b2, z, z, z, b2, z, z, z, b3, z, z, z, b3, z, z, z);
+  const __m256i up = _mm256_setr_epi32(28, 24, 28, 24, 28, 24, 28, 24);  // low nibble, high nibble
+  return _mm256_srai_epi32(_mm256_sllv_epi32(_mm256_shuffle_epi8(b, pick), up), 28);
 }
 
 // One block of `len` elements: codes q (int8, or int4 pairs) times scale s into y.
@@ -347,19 +352,19 @@ DILOCOX_TARGET_AVX2 inline void dequantize_block(const std::uint8_t* q, std::siz
     for (; i + 8 <= len; i += 8) put8<Accumulate>(y + i, widen8(q + i), sv);
     for (; i < len; ++i) put1<Accumulate>(y + i, static_cast<std::int8_t>(q[i]), s);
   } else {
-    __m128i e0, e1;
+    const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x88));
     for (; i + 32 <= len; i += 32) {
-      unpack_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i / 2)), e0, e1);
-      put8<Accumulate>(y + i, _mm256_cvtepi8_epi32(e0), sv);
-      put8<Accumulate>(y + i + 8, _mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8)), sv);
-      put8<Accumulate>(y + i + 16, _mm256_cvtepi8_epi32(e1), sv);
-      put8<Accumulate>(y + i + 24, _mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8)), sv);
+      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + i / 2));
+      const __m256i b = _mm256_xor_si256(_mm256_broadcastsi128_si256(bytes), flip);
+      put8<Accumulate>(y + i, widen_nibbles8<0>(b), sv);
+      put8<Accumulate>(y + i + 8, widen_nibbles8<1>(b), sv);
+      put8<Accumulate>(y + i + 16, widen_nibbles8<2>(b), sv);
+      put8<Accumulate>(y + i + 24, widen_nibbles8<3>(b), sv);
     }
     for (; i + 8 <= len; i += 8) {
       std::uint32_t four;
       std::memcpy(&four, q + i / 2, 4);
-      unpack_nibbles(_mm_cvtsi32_si128(static_cast<int>(four)), e0, e1);
-      put8<Accumulate>(y + i, _mm256_cvtepi8_epi32(e0), sv);
+      put8<Accumulate>(y + i, widen_nibbles8<0>(_mm256_set1_epi32(static_cast<int>(four ^ 0x88888888U))), sv);
     }
     for (; i + 1 < len; i += 2) {  // i is even: a whole byte
       put1<Accumulate>(y + i, (q[i / 2] & 0xf) - 8, s);
