@@ -1,12 +1,20 @@
 // Int8 / int4 block quantizers against a double-precision reference: error bounds,
-// exact sizes, edge magnitudes, stochastic rounding, determinism and rejected input.
+// exact sizes, edge magnitudes, stochastic rounding, determinism and rejected input,
+// on every kernel this CPU runs; and the AVX2 kernels against the portable reference,
+// byte for byte, with the run-time choice between them.
 #include <dilocox/quantize.hpp>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <limits>
+#include <optional>
 #include <random>
+#include <sstream>
+#include <tuple>
 #include <vector>
 
 namespace dx = dilocox;
@@ -68,12 +76,42 @@ dx::QuantConfig config(int bits, std::size_t block, dx::ScaleFormat f = dx::Scal
   return {.bits = bits, .block = block, .rounding = r, .seed = seed, .scale = f};
 }
 
+using Kernel = dx::detail::QuantKernel;
+
+// Runs the calls in its scope on kernel `k`, then restores the previous one.
+class KernelScope {
+ public:
+  explicit KernelScope(Kernel k) : previous_(dx::detail::quant_kernel()) { dx::detail::set_quant_kernel(k); }
+  ~KernelScope() { dx::detail::set_quant_kernel(previous_); }
+  KernelScope(const KernelScope&) = delete;
+  KernelScope& operator=(const KernelScope&) = delete;
+
+ private:
+  Kernel previous_;
+};
+
 }  // namespace
 
-class Quantizer : public ::testing::TestWithParam<int> {};
-INSTANTIATE_TEST_SUITE_P(Bits, Quantizer, ::testing::Values(4, 8), [](const auto& info) {
-  return "Int" + std::to_string(info.param);
-});
+// Every test below runs once per kernel (the avx2 instances skip on CPUs without AVX2).
+class Quantizer : public ::testing::TestWithParam<std::tuple<int, Kernel>> {
+ protected:
+  void SetUp() override {
+    if (kernel() == Kernel::avx2 && !dx::detail::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 kernel on this CPU/build";
+    scope_.emplace(kernel());
+  }
+  void TearDown() override { scope_.reset(); }
+  static int bits() { return std::get<0>(GetParam()); }
+  static Kernel kernel() { return std::get<1>(GetParam()); }
+
+ private:
+  std::optional<KernelScope> scope_;
+};
+INSTANTIATE_TEST_SUITE_P(Bits, Quantizer,
+                         ::testing::Combine(::testing::Values(4, 8), ::testing::Values(Kernel::portable, Kernel::avx2)),
+                         [](const auto& info) {
+                           return "Int" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  dx::detail::quant_kernel_name(std::get<1>(info.param));
+                         });
 
 TEST_P(Quantizer, RoundTripErrorWithinHalfStep) {
   for (std::size_t block : {32, 128, 256})
@@ -81,14 +119,14 @@ TEST_P(Quantizer, RoundTripErrorWithinHalfStep) {
       for (std::size_t n : sweep_sizes(block)) {
         SCOPED_TRACE("n=" + std::to_string(n) + " block=" + std::to_string(block) +
                      " bf16=" + std::to_string(f == dx::ScaleFormat::bf16));
-        const auto c = config(GetParam(), block, f);
+        const auto c = config(bits(), block, f);
         const auto x = random_values(n, static_cast<std::uint32_t>(n + block));
         expect_within_steps(x, round_trip(x, c), c, 0.5);
       }
 }
 
 TEST_P(Quantizer, NearestMatchesDoubleReferenceCodes) {
-  const auto c = config(GetParam(), 128);
+  const auto c = config(bits(), 128);
   const auto x = random_values(4097, 3);
   const auto e = round_trip(x, c);
   const double qmax = dx::quant_max(c.bits);
@@ -107,9 +145,9 @@ TEST_P(Quantizer, EncodedSizeIsExactAndNothingPastItIsWritten) {
   for (std::size_t n : sweep_sizes(128)) {
     SCOPED_TRACE(n);
     for (auto f : {dx::ScaleFormat::fp32, dx::ScaleFormat::bf16}) {
-      const auto c = config(GetParam(), 128, f);
+      const auto c = config(bits(), 128, f);
       const std::size_t blocks = (n + 127) / 128;
-      const std::size_t codes = GetParam() == 8 ? n : (n + 1) / 2;
+      const std::size_t codes = bits() == 8 ? n : (n + 1) / 2;
       const std::size_t want = blocks * (f == dx::ScaleFormat::fp32 ? 4 : 2) + codes;
       ASSERT_EQ(dx::encoded_size(n, c), want);
       std::vector<std::byte> out(want + 16, std::byte{0xAB});
@@ -125,7 +163,7 @@ TEST_P(Quantizer, EncodedSizeIsExactAndNothingPastItIsWritten) {
 }
 
 TEST_P(Quantizer, AllZeroBlocksDecodeToZeroWithoutNaN) {
-  const auto c = config(GetParam(), 64);
+  const auto c = config(bits(), 64);
   std::vector<float> x(300, 0.0f);
   for (std::size_t i = 128; i < 192; ++i) x[i] = 1.0f;  // one non-zero block among zero ones
   const auto e = round_trip(x, c);
@@ -141,7 +179,7 @@ TEST_P(Quantizer, ExtremeMagnitudesStayWithinHalfStep) {
       SCOPED_TRACE(mag);
       auto x = random_values(1000, 5, 0.25f);
       for (auto& v : x) v = std::clamp(v, -1.0f, 1.0f) * mag;
-      const auto c = config(GetParam(), 128, f);
+      const auto c = config(bits(), 128, f);
       expect_within_steps(x, round_trip(x, c), c, 0.5);
     }
   }
@@ -150,7 +188,7 @@ TEST_P(Quantizer, ExtremeMagnitudesStayWithinHalfStep) {
 TEST_P(Quantizer, SubnormalInputsStayFiniteAndClose) {
   auto x = random_values(512, 8);
   for (auto& v : x) v *= 1e-40f;  // subnormal floats
-  const auto c = config(GetParam(), 128);
+  const auto c = config(bits(), 128);
   const auto e = round_trip(x, c);
   for (std::size_t i = 0; i < x.size(); ++i) {
     ASSERT_TRUE(std::isfinite(e.decoded[i]));
@@ -162,7 +200,7 @@ TEST_P(Quantizer, StochasticRoundingIsUnbiasedAndWithinOneStep) {
   const std::size_t n = 256, draws = 4000;
   const auto x = random_values(n, 21);
   std::vector<double> mean(n, 0.0);
-  dx::QuantConfig c = config(GetParam(), 64, dx::ScaleFormat::fp32, dx::Rounding::stochastic);
+  dx::QuantConfig c = config(bits(), 64, dx::ScaleFormat::fp32, dx::Rounding::stochastic);
   Encoded e;
   for (std::size_t d = 0; d < draws; ++d) {
     c.seed = 1000 + d;
@@ -179,7 +217,7 @@ TEST_P(Quantizer, StochasticRoundingIsUnbiasedAndWithinOneStep) {
 
 TEST_P(Quantizer, StochasticRoundingIsDeterministicPerSeed) {
   const auto x = random_values(4097, 4);
-  auto c = config(GetParam(), 128, dx::ScaleFormat::fp32, dx::Rounding::stochastic, 42);
+  auto c = config(bits(), 128, dx::ScaleFormat::fp32, dx::Rounding::stochastic, 42);
   const auto a = round_trip(x, c), b = round_trip(x, c);
   EXPECT_EQ(a.bytes, b.bytes);
   c.seed = 43;
@@ -187,7 +225,7 @@ TEST_P(Quantizer, StochasticRoundingIsDeterministicPerSeed) {
 }
 
 TEST_P(Quantizer, DequantizeAddAccumulates) {
-  const auto c = config(GetParam(), 128);
+  const auto c = config(bits(), 128);
   const auto x = random_values(1000, 6);
   const auto e = round_trip(x, c);
   std::vector<float> acc(x.size(), 1.0f);
@@ -200,7 +238,7 @@ TEST_P(Quantizer, DequantizeAddAccumulates) {
 }
 
 TEST_P(Quantizer, NonFiniteInputThrowsNamingTheElement) {
-  const auto c = config(GetParam(), 128);
+  const auto c = config(bits(), 128);
   for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
     auto x = random_values(300, 1);
     x[217] = bad;
@@ -239,4 +277,220 @@ TEST(QuantConfig, ShortInputToDequantizeThrows) {
   std::vector<float> out(100);
   EXPECT_THROW(dx::dequantize(in, out, c), dx::Error);
   EXPECT_THROW(dx::dequantize_add(in, out, c), dx::Error);
+}
+
+// --- the AVX2 kernels against the portable reference, byte for byte ----------------
+
+namespace {
+
+// Blocks that reach every branch of the kernels: ordinary values, all-zero blocks,
+// subnormal scales (those blocks divide), near-overflow magnitudes, blocks whose
+// elements all sit at +-qmax (codes at the ends of the range, where stochastic
+// rounding is most delicate), and exact ties (scale a power of two, x / scale = k + 1/2).
+std::vector<float> mixed_values(std::size_t n, std::size_t block, int bits, std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int qmax = dx::quant_max(bits);
+  std::vector<float> x(n);
+  for (std::size_t lo = 0; lo < n; lo += block) {
+    const unsigned kind = gen() % 6;
+    for (std::size_t i = lo; i < std::min(n, lo + block); ++i) {
+      const float v = normal(gen), sign = (gen() & 1) ? 1.0f : -1.0f;
+      const int k = static_cast<int>(gen() % static_cast<unsigned>(2 * qmax)) - qmax;  // [-qmax, qmax)
+      switch (kind) {
+        case 1: x[i] = sign * 0.0f; break;
+        case 2: x[i] = v * 1e-39f; break;
+        case 3: x[i] = std::clamp(v, -1.0f, 1.0f) * 3e38f; break;
+        case 4: x[i] = sign * static_cast<float>(qmax); break;
+        case 5: x[i] = i == lo ? 0.25f * static_cast<float>(qmax) : 0.25f * (static_cast<float>(k) + 0.5f); break;
+        default: x[i] = v;
+      }
+    }
+  }
+  return x;
+}
+
+// Code of element i of an n-element encoding, read straight from the layout.
+int code_at(const std::vector<std::byte>& e, std::size_t n, std::size_t i, const dx::QuantConfig& c) {
+  const std::size_t first_code = dx::num_blocks(n, c.block) * dx::scale_bytes(c.scale);
+  const auto* codes = reinterpret_cast<const std::uint8_t*>(e.data() + first_code);
+  if (c.bits == 8) return static_cast<std::int8_t>(codes[i]);
+  return ((i % 2) ? codes[i / 2] >> 4 : codes[i / 2] & 0xf) - 8;
+}
+
+struct KernelRun {
+  std::vector<std::byte> bytes;  // encoded_size bytes (copied out of an offset buffer)
+  std::vector<float> decoded;    // dequantize
+  std::vector<float> summed;     // acc + decoded by dequantize_add
+};
+
+// quantize / dequantize / dequantize_add on kernel `k`, with the input `in_offset`
+// floats and the encoding `out_offset` bytes into their buffers (unaligned pointers).
+KernelRun run_kernel(Kernel k, const std::vector<float>& x, const std::vector<float>& acc, const dx::QuantConfig& c,
+                     std::size_t in_offset, std::size_t out_offset) {
+  KernelScope scope(k);
+  const std::size_t n = x.size(), size = dx::encoded_size(n, c);
+  std::vector<float> in(n + in_offset);
+  std::copy(x.begin(), x.end(), in.begin() + static_cast<std::ptrdiff_t>(in_offset));
+  std::vector<std::byte> enc(size + out_offset);
+  const std::span<std::byte> body(enc.data() + out_offset, size);
+  dx::quantize(std::span<const float>(in.data() + in_offset, n), body, c);
+  KernelRun r{std::vector<std::byte>(body.begin(), body.end()), std::vector<float>(n), acc};
+  dx::dequantize(body, std::span<float>(r.decoded), c);
+  dx::dequantize_add(body, std::span<float>(r.summed), c);
+  return r;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+class KernelsAgree : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (!dx::detail::cpu_has_avx2()) GTEST_SKIP() << "no AVX2 kernel on this CPU/build";
+  }
+};
+INSTANTIATE_TEST_SUITE_P(Bits, KernelsAgree, ::testing::Values(4, 8),
+                         [](const auto& info) { return "Int" + std::to_string(info.param); });
+
+TEST_P(KernelsAgree, SameBytesAndValuesOverSizesBlocksModesAndAlignments) {
+  const int bits = GetParam();
+  const std::vector<std::size_t> blocks =
+      bits == 8 ? std::vector<std::size_t>{1, 7, 32, 33, 64, 128, 250, 256, 1000}
+                : std::vector<std::size_t>{2, 6, 32, 34, 64, 128, 250, 256, 1000};
+  std::mt19937 pick(2024);
+  const std::size_t large = 100000 + pick() % 300000;
+  const std::vector<std::pair<std::size_t, std::size_t>> offsets{{0, 0}, {1, 1}, {3, 0}};  // (floats in, bytes out)
+  for (std::size_t block : blocks) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{31}, block - 1, block + 1,
+                          std::size_t{4097}, large}) {
+      const auto x = mixed_values(n, block, bits, static_cast<std::uint32_t>(n * 31 + block));
+      const auto acc = random_values(n, static_cast<std::uint32_t>(n + 5));
+      for (auto r : {dx::Rounding::nearest, dx::Rounding::stochastic})
+        for (auto f : {dx::ScaleFormat::fp32, dx::ScaleFormat::bf16})
+          for (auto [in_off, out_off] : offsets) {
+            SCOPED_TRACE("n=" + std::to_string(n) + " block=" + std::to_string(block) +
+                         " stochastic=" + std::to_string(r == dx::Rounding::stochastic) +
+                         " bf16=" + std::to_string(f == dx::ScaleFormat::bf16) + " offsets=" + std::to_string(in_off) +
+                         "," + std::to_string(out_off));
+            const auto c = config(bits, block, f, r, 77 + n);
+            const KernelRun want = run_kernel(Kernel::portable, x, acc, c, in_off, out_off);
+            const KernelRun got = run_kernel(Kernel::avx2, x, acc, c, in_off, out_off);
+            ASSERT_EQ(got.bytes, want.bytes);
+            ASSERT_TRUE(same_bits(got.decoded, want.decoded));
+            // dequantize_add on avx2: one rounding of q * scale + acc, element by element.
+            for (std::size_t i = 0; i < n; ++i) {
+              const float s = dx::detail::load_scale(want.bytes.data() + (i / block) * dx::scale_bytes(f), f);
+              const float q = static_cast<float>(code_at(want.bytes, n, i, c));
+              const float fused = std::fma(q, s, acc[i]);
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(got.summed[i]), std::bit_cast<std::uint32_t>(fused)) << i;
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(want.decoded[i]), std::bit_cast<std::uint32_t>(q * s)) << i;
+            }
+          }
+    }
+  }
+}
+
+// Stochastic rounding next to qmax, where the float rounding of v + u decides. With x
+// at the absmax and scale 1 (v = qmax), v + u rounds up to qmax + 1 when u is within
+// half an ulp of 1, and the reference keeps the low byte (int8: -128) or nibble (int4:
+// the code of -8) of it. Where x * (1 / scale) lands an ulp above qmax, the clamp
+// before adding u decides. Both are rare: a search over seeds finds a block where each
+// happens. The format is what the reference and the CUDA kernel write, so the AVX2
+// kernel must write the same there too.
+TEST_P(KernelsAgree, StochasticCodesNextToQmax) {
+  const int bits = GetParam();
+  const float qmax = static_cast<float>(dx::quant_max(bits));
+  const std::size_t n = 128;
+  auto ratio_of = [&](float absmax) {
+    return dx::detail::block_ratio(dx::detail::block_scale(absmax, bits, dx::ScaleFormat::fp32));
+  };
+  float above = 1.0f;  // an absmax whose x * (1 / scale) exceeds qmax
+  while (above * ratio_of(above).inv <= qmax) above = std::nextafter(above, 2.0f);
+  for (const float absmax : {qmax, above}) {
+    const float v = absmax * ratio_of(absmax).inv;
+    // Seeds where some element's code is qmax + 1 (x = qmax), or depends on the clamp.
+    auto decisive = [&](std::uint64_t seed) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float u = dx::bits_to_unit(dx::counter_bits(dx::counter_key(seed, i), i));
+        const int clamped = dx::detail::round_stochastic(dx::detail::clamp_ratio(v, qmax), u);
+        if (absmax == qmax ? clamped > qmax : clamped != dx::detail::round_stochastic(v, u)) return true;
+      }
+      return false;
+    };
+    std::uint64_t seed = 0;
+    while (!decisive(seed)) ASSERT_LT(++seed, std::uint64_t{1} << 24) << "absmax " << absmax;
+    const std::vector<float> x(n, absmax);
+    const auto c = config(bits, n, dx::ScaleFormat::fp32, dx::Rounding::stochastic, seed);
+    const std::vector<float> acc(n, 0.0f);
+    for (std::size_t off : {0, 1})
+      EXPECT_EQ(run_kernel(Kernel::avx2, x, acc, c, off, off).bytes,
+                run_kernel(Kernel::portable, x, acc, c, off, off).bytes)
+          << "absmax " << absmax << " seed " << seed;
+  }
+}
+
+#if DILOCOX_QUANTIZE_AVX2
+// Element indices past 2^32 (a tensor over 16 GiB, too large for a test): the AVX2
+// codes of one block at such an index against the reference's, called directly.
+TEST_P(KernelsAgree, StochasticCodesAtIndicesPast2To32) {
+  const int bits = GetParam();
+  const std::size_t len = 128;
+  const std::uint64_t seed = 0x1234567890ULL;
+  auto xs = random_values(len, 9);
+  for (auto& v : xs) v = std::clamp(v, -1.0f, 1.0f);  // absmax <= 1: the ratio of absmax 1 fits
+  const auto ratio = dx::detail::block_ratio(dx::detail::block_scale(1.0f, bits, dx::ScaleFormat::fp32));
+  for (std::uint64_t index : {std::uint64_t{0}, (std::uint64_t{1} << 32) - len, (std::uint64_t{7} << 32) + 1000}) {
+    std::vector<std::byte> want(len), got(len);
+    const std::uint32_t key = dx::counter_key(seed, index);
+    if (bits == 8) {
+      dx::detail::quantize_block<8, true>(xs.data(), len, index, ratio, seed, want.data());
+      dx::detail::avx2::quantize_codes<8, true>(xs.data(), len, ratio.inv, index, key, got.data());
+    } else {
+      dx::detail::quantize_block<4, true>(xs.data(), len, index, ratio, seed, want.data());
+      dx::detail::avx2::quantize_codes<4, true>(xs.data(), len, ratio.inv, index, key, got.data());
+    }
+    EXPECT_EQ(got, want) << "index " << index;
+  }
+}
+#endif
+
+// The pick follows the CPU, not the compiler flags: a build without -march=native runs
+// the AVX2 kernel too wherever /proc/cpuinfo lists avx2 and fma.
+TEST(QuantKernel, PickFollowsTheCpu) {
+  if (std::getenv("DILOCOX_QUANT_KERNEL") != nullptr) GTEST_SKIP() << "DILOCOX_QUANT_KERNEL overrides the pick";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo";
+  bool avx2 = false, fma = false;
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) avx2 |= w == "avx2", fma |= w == "fma";
+    break;
+  }
+  const bool x86 = DILOCOX_QUANTIZE_AVX2 != 0;
+  EXPECT_EQ(dx::detail::initial_quant_kernel(), x86 && avx2 && fma ? Kernel::avx2 : Kernel::portable);
+}
+
+TEST(QuantKernel, EnvironmentOverridesThePick) {
+  const char* before = std::getenv("DILOCOX_QUANT_KERNEL");
+  const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
+  ::setenv("DILOCOX_QUANT_KERNEL", "portable", 1);
+  EXPECT_EQ(dx::detail::initial_quant_kernel(), Kernel::portable);
+  ::setenv("DILOCOX_QUANT_KERNEL", "sse9", 1);
+  EXPECT_THROW(
+      {
+        try {
+          (void)dx::detail::initial_quant_kernel();
+        } catch (const dx::Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr("DILOCOX_QUANT_KERNEL"));
+          throw;
+        }
+      },
+      dx::Error);
+  if (saved) ::setenv("DILOCOX_QUANT_KERNEL", saved->c_str(), 1);
+  else ::unsetenv("DILOCOX_QUANT_KERNEL");
 }

@@ -1,19 +1,24 @@
 // dilocox/quantize.hpp: int8 and int4 block quantizers with absmax scales (fp32 or
 // bf16), round-to-nearest-even or stochastic rounding, on the host. Symmetric codes:
 // int8 in [-127, 127], int4 in [-7, 7] stored as q + 8, two per byte, low nibble first.
-// Encoded layout: [scales: one per block][codes]. Needs only the standard library.
-// Not here: headers and checksums (wire.hpp), device kernels (cuda/quantize.cuh).
+// Encoded layout: [scales: one per block][codes]. The scalar kernels here define the
+// format; quantize_avx2.hpp has x86 kernels that write the same bytes, picked at run time.
+// Needs only the standard library. Not here: headers and checksums (wire.hpp), device
+// kernels (cuda/quantize.cuh).
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "dilocox/config.hpp"
 #include "dilocox/random.hpp"
@@ -36,18 +41,18 @@ struct QuantConfig {
 
 inline constexpr std::size_t max_quant_block = std::size_t{1} << 24;
 
-// Throws Error naming the bad field.
+// Throws Error naming the bad field. Messages are built only on failure: this runs on
+// every call, and a 4 KiB quantize takes well under a microsecond.
 inline void validate(const QuantConfig& c) {
-  using detail::require;
-  require(c.bits == 4 || c.bits == 8, "QuantConfig", "bits must be 4 or 8, got " + std::to_string(c.bits));
-  require(c.block >= 1 && c.block <= max_quant_block, "QuantConfig",
-          "block must be in [1, 2^24], got " + std::to_string(c.block));
-  require(c.bits != 4 || c.block % 2 == 0, "QuantConfig",
-          "int4 needs an even block (two codes per byte), got " + std::to_string(c.block));
-  require(c.rounding == Rounding::nearest || c.rounding == Rounding::stochastic, "QuantConfig",
-          "unknown rounding mode " + std::to_string(static_cast<int>(c.rounding)));
-  require(c.scale == ScaleFormat::fp32 || c.scale == ScaleFormat::bf16, "QuantConfig",
-          "unknown scale format " + std::to_string(static_cast<int>(c.scale)));
+  auto fail = [](const std::string& what) { throw Error("QuantConfig: " + what); };
+  if (c.bits != 4 && c.bits != 8) fail("bits must be 4 or 8, got " + std::to_string(c.bits));
+  if (c.block < 1 || c.block > max_quant_block) fail("block must be in [1, 2^24], got " + std::to_string(c.block));
+  if (c.bits == 4 && c.block % 2 != 0)
+    fail("int4 needs an even block (two codes per byte), got " + std::to_string(c.block));
+  if (c.rounding != Rounding::nearest && c.rounding != Rounding::stochastic)
+    fail("unknown rounding mode " + std::to_string(static_cast<int>(c.rounding)));
+  if (c.scale != ScaleFormat::fp32 && c.scale != ScaleFormat::bf16)
+    fail("unknown scale format " + std::to_string(static_cast<int>(c.scale)));
 }
 
 DILOCOX_HOST_DEVICE constexpr std::size_t num_blocks(std::size_t n, std::size_t block) {
@@ -149,7 +154,11 @@ DILOCOX_HOST_DEVICE inline int round_nearest(float v) {
   return static_cast<int>(u) - 0x4B400000;
 }
 
-// floor(v + u), u in [0, 1): unbiased stochastic rounding of v.
+// floor(v + u), u in [0, 1): unbiased stochastic rounding of v. The sum is rounded to
+// float first: at v = qmax it reaches qmax + 1 when u is within half an ulp of 1 (one
+// draw in 2^18 for int8, 2^22 for int4), and the stores below then keep its low byte
+// (int8: -128) or nibble (int4: the code of -8). That is the format as written here,
+// by the AVX2 kernels and by the CUDA kernels alike.
 DILOCOX_HOST_DEVICE inline int round_stochastic(float v, float u) {
   const float w = v + u;
   const int t = static_cast<int>(w);  // toward zero
@@ -250,8 +259,90 @@ void dequantize_all(std::span<const std::byte> in, std::span<float> out, const Q
 }
 
 inline void check_sizes(const char* where, std::size_t have, std::size_t need, const char* what) {
-  require(have >= need, where,
-          std::string(what) + " holds " + std::to_string(have) + " bytes, needs " + std::to_string(need));
+  if (have < need)
+    throw Error(std::string(where) + ": " + what + " holds " + std::to_string(have) + " bytes, needs " +
+                std::to_string(need));
+}
+
+}  // namespace detail
+}  // namespace dilocox
+
+// The x86 kernels build on the reference above (scales, rounding rules, block tails).
+#include "dilocox/quantize_avx2.hpp"
+
+namespace dilocox {
+namespace detail {
+
+// Which kernels quantize / dequantize / dequantize_add run: the portable reference
+// above, or AVX2 (x86-64 with AVX2 and FMA; also what AVX-512 CPUs run). Picked once,
+// at the first call, from the CPU, whatever the compiler flags; the environment
+// variable DILOCOX_QUANT_KERNEL=portable|avx2|auto overrides the pick (tests,
+// benchmarks; an unknown value, or avx2 where there is none, makes the first call
+// throw Error) and set_quant_kernel changes it in-process. Both write the same bytes.
+enum class QuantKernel : std::uint8_t { portable = 0, avx2 = 1 };
+
+inline const char* quant_kernel_name(QuantKernel k) { return k == QuantKernel::avx2 ? "avx2" : "portable"; }
+
+inline bool cpu_has_avx2() {
+#if DILOCOX_QUANTIZE_AVX2
+  __builtin_cpu_init();  // in case we run from another static initializer
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;  // not x86-64, or not GCC/Clang, or nvcc's device pass
+#endif
+}
+
+inline void require_kernel(QuantKernel k, const char* where) {
+  if (k == QuantKernel::avx2 && !cpu_has_avx2())
+    throw Error(std::string(where) + ": the avx2 kernel needs an x86-64 CPU with AVX2 and FMA and a GCC or "
+                "Clang build; this one has no such kernel");
+}
+
+inline QuantKernel initial_quant_kernel() {
+  const QuantKernel best = cpu_has_avx2() ? QuantKernel::avx2 : QuantKernel::portable;
+  const char* env = std::getenv("DILOCOX_QUANT_KERNEL");
+  if (env == nullptr || std::string_view(env) == "auto" || *env == '\0') return best;
+  const std::string_view v(env);
+  if (v != "portable" && v != "avx2")
+    throw Error("DILOCOX_QUANT_KERNEL: unknown kernel '" + std::string(v) + "' (portable, avx2 or auto)");
+  const QuantKernel k = v == "avx2" ? QuantKernel::avx2 : QuantKernel::portable;
+  require_kernel(k, "DILOCOX_QUANT_KERNEL");
+  return k;
+}
+
+inline std::atomic<QuantKernel>& quant_kernel_slot() {
+  static std::atomic<QuantKernel> k{initial_quant_kernel()};
+  return k;
+}
+
+// The kernel the next call runs.
+inline QuantKernel quant_kernel() { return quant_kernel_slot().load(std::memory_order_relaxed); }
+
+// Runs `k` from now on, in every thread; throws Error where this build or CPU lacks it.
+inline void set_quant_kernel(QuantKernel k) {
+  require_kernel(k, "set_quant_kernel");
+  quant_kernel_slot().store(k, std::memory_order_relaxed);
+}
+
+template <int Bits, bool Stochastic>
+void quantize_with(QuantKernel k, std::span<const float> in, std::byte* out, const QuantConfig& c) {
+#if DILOCOX_QUANTIZE_AVX2
+  if (k == QuantKernel::avx2) return avx2::quantize_all<Bits, Stochastic>(in, out, c);
+#endif
+  (void)k;
+  quantize_all<Bits, Stochastic>(in, out, c);
+}
+
+template <bool Accumulate>
+void dequantize_with(QuantKernel k, std::span<const std::byte> in, std::span<float> out, const QuantConfig& c) {
+#if DILOCOX_QUANTIZE_AVX2
+  if (k == QuantKernel::avx2) {
+    return c.bits == 8 ? avx2::dequantize_all<8, Accumulate>(in, out, c)
+                       : avx2::dequantize_all<4, Accumulate>(in, out, c);
+  }
+#endif
+  (void)k;
+  c.bits == 8 ? dequantize_all<8, Accumulate>(in, out, c) : dequantize_all<4, Accumulate>(in, out, c);
 }
 
 }  // namespace detail
@@ -261,26 +352,29 @@ inline void check_sizes(const char* where, std::size_t have, std::size_t need, c
 // throw the contents of `out` are unspecified.
 inline void quantize(std::span<const float> in, std::span<std::byte> out, const QuantConfig& c) {
   detail::check_sizes("quantize", out.size(), encoded_size(in.size(), c), "output buffer");
+  const detail::QuantKernel k = detail::quant_kernel();
   const bool st = c.rounding == Rounding::stochastic;
   if (c.bits == 8) {
-    st ? detail::quantize_all<8, true>(in, out.data(), c) : detail::quantize_all<8, false>(in, out.data(), c);
+    st ? detail::quantize_with<8, true>(k, in, out.data(), c) : detail::quantize_with<8, false>(k, in, out.data(), c);
   } else {
-    st ? detail::quantize_all<4, true>(in, out.data(), c) : detail::quantize_all<4, false>(in, out.data(), c);
+    st ? detail::quantize_with<4, true>(k, in, out.data(), c) : detail::quantize_with<4, false>(k, in, out.data(), c);
   }
 }
 
 // out = the values `in` encodes; out.size() is the element count.
 inline void dequantize(std::span<const std::byte> in, std::span<float> out, const QuantConfig& c) {
   detail::check_sizes("dequantize", in.size(), encoded_size(out.size(), c), "input buffer");
-  c.bits == 8 ? detail::dequantize_all<8, false>(in, out, c) : detail::dequantize_all<4, false>(in, out, c);
+  detail::dequantize_with<false>(detail::quant_kernel(), in, out, c);
 }
 
-// out += the values `in` encodes: the inner step of a quantized reduction. The
-// compiler may fuse the multiply and add (one rounding instead of two): the result
-// is deterministic for a given build, not bit-equal to dequantize() then add.
+// out += the values `in` encodes: the inner step of a quantized reduction. The avx2
+// kernel fuses the multiply and add (one rounding, as std::fma); the portable one
+// fuses them where the compiler does (GCC with -march=native on an FMA CPU): the
+// result is deterministic for a given build and kernel, not bit-equal to
+// dequantize() then add.
 inline void dequantize_add(std::span<const std::byte> in, std::span<float> out, const QuantConfig& c) {
   detail::check_sizes("dequantize_add", in.size(), encoded_size(out.size(), c), "input buffer");
-  c.bits == 8 ? detail::dequantize_all<8, true>(in, out, c) : detail::dequantize_all<4, true>(in, out, c);
+  detail::dequantize_with<true>(detail::quant_kernel(), in, out, c);
 }
 
 }  // namespace dilocox
