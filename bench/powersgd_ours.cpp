@@ -1,11 +1,14 @@
-// powersgd_ours: the dilocox side of bench/powersgd_vs_torch.py. Reads a row-major
-// float32 matrix, runs `iters` warm-started rank-r PowerIterationProjector::approximate
+// powersgd_ours: the dilocox side of bench/powersgd_vs_torch.py. Reads one matrix with
+// the tools' reader (examples/tensor_file.hpp: .npy, a dilocox payload file, or raw
+// float32 with --shape ROWSxCOLS; what compress_tensors reads), runs `iters` warm-started rank-r PowerIterationProjector::approximate
 // calls (one sweep over X, then X_hat = P Q^T: what powerSGD_hook computes on one rank)
 // and, interleaved, the two-phase path (left, orthonormalize_left, right, reconstruct);
 // prints one JSON line: relative errors after the last call, median CPU and wall time
 // of the calls after the first. `--info`: the BLAS library, SIMD and threads used.
-//   powersgd_ours FILE ROWS COLS RANK ITERS [SEED]  |  powersgd_ours --info
+//   powersgd_ours FILE RANK ITERS [SEED] [--shape ROWSxCOLS]  |  powersgd_ours --info
 #include <dilocox/lowrank.hpp>
+
+#include "tensor_file.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +17,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,23 +88,44 @@ double median_after_first(const std::vector<double>& v) {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "--info") == 0) return print_info();
-  if (argc != 6 && argc != 7) {
-    std::fprintf(stderr, "usage: powersgd_ours FILE ROWS COLS RANK ITERS [SEED] | powersgd_ours --info\n");
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::optional<dx::Shape> raw_shape;
+  try {
+    for (std::size_t i = 0; i + 1 < args.size(); ++i)
+      if (args[i] == "--shape") {
+        raw_shape = dx::examples::parse_shape(args[i + 1]);
+        args.erase(args.begin() + static_cast<long>(i), args.begin() + static_cast<long>(i) + 2);
+        break;
+      }
+  } catch (const dx::Error& e) {
+    std::fprintf(stderr, "powersgd_ours: --shape: %s\n", e.what());
     return 2;
   }
-  const long m = std::atol(argv[2]), n = std::atol(argv[3]);
-  const int r = std::atoi(argv[4]), iters = std::atoi(argv[5]);
-  const std::uint64_t seed = argc == 7 ? std::strtoull(argv[6], nullptr, 10) : 0;
-  if (m <= 0 || n <= 0 || r <= 0 || iters < 2) {
-    std::fprintf(stderr, "powersgd_ours: ROWS, COLS, RANK must be > 0 and ITERS >= 2\n");
+  if (args.size() != 3 && args.size() != 4) {
+    std::fprintf(stderr, "usage: powersgd_ours FILE RANK ITERS [SEED] [--shape ROWSxCOLS] | powersgd_ours --info\n");
     return 2;
   }
-  RowM x(m, n), out(m, n);
-  std::ifstream f(argv[1], std::ios::binary);
-  if (!f.read(reinterpret_cast<char*>(x.data()), static_cast<std::streamsize>(x.size() * 4))) {
-    std::fprintf(stderr, "powersgd_ours: cannot read %ld x %ld floats from %s\n", m, n, argv[1]);
+  const int r = std::atoi(args[1].c_str()), iters = std::atoi(args[2].c_str());
+  const std::uint64_t seed = args.size() == 4 ? std::strtoull(args[3].c_str(), nullptr, 10) : 0;
+  if (r <= 0 || iters < 2) {
+    std::fprintf(stderr, "powersgd_ours: RANK must be > 0 and ITERS >= 2\n");
+    return 2;
+  }
+  RowM x;
+  try {
+    auto tensors = dx::examples::read_tensors(args[0], raw_shape);
+    if (tensors.size() != 1 || tensors[0].shape.ndim != 2)
+      throw dx::Error(args[0] + ": needs exactly one 2-D tensor, found " + std::to_string(tensors.size()) +
+                      " tensor(s), the first of " + std::to_string(tensors.empty() ? 0 : tensors[0].shape.ndim) +
+                      " dimension(s)");
+    const auto& t = tensors[0];
+    x = Eigen::Map<const RowM>(t.values.data(), static_cast<long>(t.shape.dims[0]), static_cast<long>(t.shape.dims[1]));
+  } catch (const dx::Error& e) {
+    std::fprintf(stderr, "powersgd_ours: %s\n", e.what());
     return 1;
   }
+  const long m = x.rows(), n = x.cols();
+  RowM out(m, n);
   try {
     const auto um = static_cast<std::size_t>(m), un = static_cast<std::size_t>(n);
     const dx::MatrixView<const float> xv{x.data(), um, un};

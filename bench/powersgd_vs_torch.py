@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+import numpy
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
@@ -166,8 +167,8 @@ def run_ours(binary, args):
     return json.loads(res.stdout)
 
 
-def ours(binary, path, shape, rank, iters, seed):
-    r = run_ours(binary, [path, shape[0], shape[1], rank, iters, seed])
+def ours(binary, path, rank, iters, seed):
+    r = run_ours(binary, [path, rank, iters, seed])
     return {"error": r["error"], "cpu": r["median_seconds"], "wall": r["median_wall_seconds"],
             "two_sweep_cpu": r["two_sweep_median_seconds"]}
 
@@ -226,14 +227,13 @@ def main():
         for (m, n) in shapes:
             for decay in (1.0, 0.5):
                 x = make_matrix(m, n, decay, seed=m + n)
-                path = os.path.join(d, "x.f32")
-                with open(path, "wb") as f:
-                    f.write(x.contiguous().numpy().tobytes())
+                path = os.path.join(d, "x.npy")  # what compress_tensors reads too
+                numpy.save(path, x.contiguous().numpy())
                 for r in ranks:
                     runs_t, runs_o = [], []
                     for s in range(args.seeds):  # alternate, so that load on the machine hits both
                         runs_t.append(torch_powersgd(x, r, args.iters, s))
-                        runs_o.append(ours(args.ours, path, (m, n), r, args.iters, s))
+                        runs_o.append(ours(args.ours, path, r, args.iters, s))
                     t = {k: statistics.median(run[k] for run in runs_t) for k in runs_t[0]}
                     o = {k: statistics.median(run[k] for run in runs_o) for k in runs_o[0]}
                     gflops = 6.0 * m * n * r / t["cpu"] / 1e9  # P = XQ, Q = X^T P, X_hat = P Q^T
