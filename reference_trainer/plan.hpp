@@ -92,16 +92,14 @@ inline GptConfig shape_for_params(std::int64_t n) {
 }
 
 // The tensors of stage s as one rank of `shards` holds them (rows split), for the
-// compressors' wire_bytes and state_bytes; the vectors as one tensor.
+// compressors' wire_bytes and state_bytes; the vectors as one tensor. A model known only
+// by size (--params) has the matrices of shape_for_params: a compressor's bytes depend on
+// them (low rank needs matrices), so it must not be planned as one flat vector.
 inline std::vector<TensorSpec> stage_specs(const PlanInput& in, int s, int shards) {
   std::vector<PlanMatrix> mats;
   std::int64_t vec = 0;
   stage_tensors(in.model, in.stages, s, mats, vec);
   std::vector<TensorSpec> specs;
-  if (in.params_override > 0) {  // a model known only by size: one vector of its share
-    specs.push_back({"params", {static_cast<std::size_t>(in.params_override / in.stages / shards)}});
-    return specs;
-  }
   for (std::size_t i = 0; i < mats.size(); ++i)
     specs.push_back({"m" + std::to_string(i),
                      {static_cast<std::size_t>((mats[i].rows + shards - 1) / shards), static_cast<std::size_t>(mats[i].cols)}});
@@ -120,9 +118,10 @@ inline SyncOptions options_for(const PlanInput& in, const SyncMode& m) {
 // Bytes one rank puts on the wire for one outer round of stage s (or one step, AllReduce).
 inline double round_wire_bytes(const PlanInput& in, const SyncMode& m, int s, int shards) {
   const auto specs = stage_specs(in, s, shards);
-  if (m.per_step) {
+  if (m.per_step) {  // the gradient of every parameter: exactly --params where given
     std::uint64_t n = 0;
     for (const auto& t : specs) n += t.shape.numel();
+    if (in.params_override > 0) n = static_cast<std::uint64_t>(in.params_override / in.stages / shards);
     return static_cast<double>(ring_allreduce_cost(n * 4, in.clusters).bytes);
   }
   const auto bytes = m.make(options_for(in, m)).wire_bytes(specs, in.clusters);

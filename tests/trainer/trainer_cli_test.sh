@@ -125,6 +125,10 @@ plan)  # the paper's arithmetic and the 107B layout, pinned
   grep -q "533.3 GB" p.txt || fail "100B fp32 ring allreduce over 3 clusters is not 533.3 GB per rank: $(cat p.txt)"
   grep -q "1.185 h" p.txt || fail "... nor 1.185 h at 1 Gbit/s: $(grep allreduce p.txt)"
   tail -1 p.txt | grep -q '"wire_bytes_per_round":533333333333' || fail "JSON bytes: $(tail -1 p.txt)"
+  # A model known only by size is planned with matrices (shape_for_params), so DiLoCoX's
+  # low rank applies: about 0.1 GB per round, not the 200 GB of int8 over one flat vector.
+  lowrank=$(tail -1 p.txt | grep -o '"sync":"dilocox"[^}]*' | grep -o '"wire_bytes_per_round":[0-9.e+]*' | cut -d: -f2)
+  awk -v b="$lowrank" 'BEGIN { exit !(b > 0 && b < 1e9) }' || fail "100e9 DiLoCoX plans $lowrank bytes per round"
   "$train" --plan --model qwen1.5-107b --clusters 2 --stages 8 --batch 16 --micro-batches 16 --seq-len 2048 \
     --rank-flops 150e12 --gpu-memory 80 >q.txt
   tail -1 q.txt | grep -q '"fits":true' || fail "107B does not fit: $(cat q.txt)"
