@@ -470,6 +470,7 @@ void Run::build() {
   MPI_Comm_split(world_, stage_, replica_, &stage_comm_);
   const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
   link_ = std::make_unique<StageLink>(cluster_, pipeline_slots(shape_.schedule, S, stage_, shape_.micro_batches), act);
+  cpu::set_threads(o_.threads);
   trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, o_.seed);
   auto& model = trainer_->model();
   // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop

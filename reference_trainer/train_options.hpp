@@ -39,6 +39,7 @@ struct TrainOptions {
   std::string device = "cpu";       // cpu or cuda
   std::string precision = "bf16";   // CUDA compute type: bf16 or fp32 (master weights fp32)
   int gpu = -1;                     // CUDA device (modulo the count); -1: the rank's index on its node
+  int threads = 1;                  // CPU kernels' threads per rank (results do not depend on it)
   AdamWConfig adamw;
   std::uint64_t seed = 1;
   std::string data_dir = "data/brown";
@@ -173,6 +174,8 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
       ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--precision", o.precision, "CUDA compute type: bf16 or fp32 (master weights and AdamW are fp32)")
       ->capture_default_str()->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--threads", o.threads, "CPU threads per rank for the model's kernels (same results for any count)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--gpu", o.gpu, "CUDA device of this rank, modulo the device count (default: the rank's index on its node)")
       ->check(CLI::Range(0, 1023));
   app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The four synchronization modes side by side (issue 5's main demo, part of demo.sh):
-# 2 clusters of the `tiny` GPT on the Brown corpus, 600k tokens each (--quick: 100k),
-# joined by an emulated 10 Mbit/s link (20 ms latency) on which AllReduce spends most
-# of its time communicating; then DiLoCoX again on an unthrottled link, to show how
-# much of the slow link it hides. Prints a table and writes PNG plots of eval loss vs
+# The synchronization modes of reference_trainer/sync_modes.hpp side by side (the main
+# demo's part 2): 2 clusters of the `tiny` GPT on the Brown corpus, 600k tokens (--quick:
+# 100k), joined by an emulated 10 Mbit/s link (20 ms latency) on which AllReduce spends
+# most of its time communicating, each mode at its defaults; DiLoCoX also with 4 streaming
+# fragments, and again on an unthrottled link, to show how much of the slow link it hides. Prints a table and writes PNG plots of eval loss vs
 # tokens and vs wall-clock (gnuplot) under out/compare/.
 #   scripts/compare_sync.sh [--quick] [extra dilocox-train flags...]
 # Expects a build (build/reference_trainer/dilocox-train) and data/brown.
@@ -25,6 +25,9 @@ run() {  # name, then flags
 run allreduce --sync allreduce
 run diloco --sync diloco
 run cocktail --sync cocktail
+run sparseloco --sync sparseloco
 run dilocox --sync dilocox
+run dilocox_streaming --sync dilocox --fragments 4
 run dilocox_unthrottled --sync dilocox --wan-bandwidth 100Gbps --wan-latency 0
-/usr/bin/python3 scripts/sync_report.py $out allreduce diloco cocktail dilocox dilocox_unthrottled
+/usr/bin/python3 scripts/sync_report.py $out allreduce diloco cocktail sparseloco dilocox dilocox_streaming \
+  dilocox_unthrottled

@@ -3,9 +3,10 @@
 # prepares the Brown corpus (scripts/prepare_data.sh), then
 #   1. trains the `small` GPT (4.2M parameters, 200k tokens) with dilocox-train, 2 pipeline stages
 #      under mpirun, showing the progress line, evaluations and the JSON summary;
-#   2. runs the four synchronization modes (AllReduce, DiLoCo, CocktailSGD, DiLoCoX) on
-#      2 clusters of `tiny` over an emulated 10 Mbit/s link, at the same token budget,
-#      and prints the comparison table and writes PNG plots (scripts/compare_sync.sh).
+#   2. runs the synchronization modes (AllReduce, DiLoCo, CocktailSGD, SparseLoCo, DiLoCoX,
+#      DiLoCoX with streaming fragments) on 2 clusters of `tiny` over an emulated 10 Mbit/s
+#      link, at the same token budget, and prints the comparison table and writes PNG plots
+#      (scripts/compare_sync.sh).
 # About 10 minutes on 2 cores once installed (AllReduce alone takes 6.5 on the slow link);
 # --quick about 2.
 set -euo pipefail
@@ -30,5 +31,5 @@ mpirun -np 2 --oversubscribe build/reference_trainer/dilocox-train --model small
   --tokens "$small_tokens" --eval-every 40 --metrics out/demo/small.jsonl </dev/null
 
 echo
-echo "=== 2. AllReduce vs DiLoCo vs CocktailSGD vs DiLoCoX: 2 clusters over 10 Mbit/s ==="
+echo "=== 2. AllReduce vs DiLoCo vs CocktailSGD vs SparseLoCo vs DiLoCoX: 2 clusters over 10 Mbit/s ==="
 scripts/compare_sync.sh "${quick[@]}"

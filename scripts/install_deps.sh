@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dilocox needs, skipping those already installed
 # (apt-get update runs only when something is missing).
-#   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen,
-#                                    GoogleTest, Google Benchmark, Open MPI, clang (fuzzing),
-#                                    CLI11, nlohmann-json, python3 and gnuplot (demo table, plots)
-#   scripts/install_deps.sh --bench  also what the side-by-side benchmarks use:
-#                                    PyTorch and numpy (Debian's)
+#   scripts/install_deps.sh          build, test and demo: compilers, CMake, Eigen, OpenBLAS
+#                                    (the trainer's matmuls), GoogleTest, Google Benchmark,
+#                                    Open MPI, clang (fuzzing), CLI11, nlohmann-json, python3
+#                                    and gnuplot (demo table, plots)
+#   scripts/install_deps.sh --bench  also what the side-by-side benchmarks use: Debian's
+#                                    PyTorch and numpy, and OpenBLAS (pthread build), which
+#                                    Debian's torch (BLAS_INFO=generic) then loads through
+#                                    the libblas.so.3 / liblapack.so.3 alternatives instead
+#                                    of the reference BLAS no PyTorch user runs
 #   scripts/install_deps.sh --print  lists the packages and exits
 # Does not install CUDA (optional; CMake detects nvcc).
 set -euo pipefail
 
 packages=(
   cmake ninja-build g++ clang libclang-rt-14-dev
-  libeigen3-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libeigen3-dev libopenblas-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
   libcli11-dev nlohmann-json3-dev
   libopenmpi-dev openmpi-bin
   python3 gnuplot-nox
 )
-bench_packages=(python3-torch python3-numpy)
+bench_packages=(python3-torch python3-numpy libopenblas0-pthread)
+
+# Which BLAS libblas.so.3 resolves to (the side-by-side scripts refuse the reference one).
+report_blas() {
+  local triplet
+  triplet=$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+  echo "install_deps: libblas.so.3 -> $(readlink -f "/usr/lib/$triplet/libblas.so.3" 2>/dev/null || echo none)"
+}
 
 case "${1:-}" in
   "") ;;
-  --bench) packages+=("${bench_packages[@]}") ;;
+  --bench) packages+=("${bench_packages[@]}"); trap report_blas EXIT ;;
   --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}"; exit 0 ;;
   *) echo "install_deps: unknown option '$1' (use --bench or --print)" >&2; exit 2 ;;
 esac

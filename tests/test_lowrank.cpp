@@ -1,6 +1,7 @@
 // PowerIterationProjector against Eigen's SVD: near-optimal rank-r error and singular
 // values on decaying spectra, orthonormal finite factors on degenerate input,
-// warm start, rank changes, determinism and rejected input.
+// warm start, rank changes, determinism and rejected input; the one-sweep step()
+// against the two-phase API (left, orthonormalize_left, right) it replaces in one process.
 #include <dilocox/lowrank.hpp>
 #include <gtest/gtest.h>
 
@@ -70,21 +71,26 @@ TEST(PowerIterationProjector, WarmStartReachesOptimalErrorAndSingularValues) {
   }
 }
 
-TEST(PowerIterationProjector, TwoPhaseApiEqualsApproximate) {
+TEST(PowerIterationProjector, TwoPhaseApiIsDeterministicAndEqualsApproximate) {
   const RowM x = with_spectrum(96, 64, geometric(64, 0.8), 3);
-  dx::PowerIterationProjector a(96, 64, {.rank = 5, .seed = 9}), b(96, 64, {.rank = 5, .seed = 9});
-  RowM out_a(96, 64), out_b(96, 64);
+  dx::PowerIterationProjector a(96, 64, {.rank = 5, .seed = 9}), b(96, 64, {.rank = 5, .seed = 9}),
+      c(96, 64, {.rank = 5, .seed = 9});
+  RowM out_a(96, 64), out_b(96, 64), out_c(96, 64);
   a.approximate(view(x), view(out_a));
-  const auto p = b.left(view(x));
-  EXPECT_EQ(p.rows, 96u);
-  EXPECT_EQ(p.cols, 5u);
-  b.orthonormalize_left();
-  EXPECT_LT(orthonormality_error(p), 1e-5);
-  const auto q = b.right(view(x));
-  EXPECT_EQ(q.rows, 64u);
-  EXPECT_EQ(q.cols, 5u);
+  for (auto* proj : {&b, &c}) {
+    const auto p = proj->left(view(x));
+    EXPECT_EQ(p.rows, 96u);
+    EXPECT_EQ(p.cols, 5u);
+    proj->orthonormalize_left();
+    EXPECT_LT(orthonormality_error(p), 1e-5);
+    const auto q = proj->right(view(x));
+    EXPECT_EQ(q.rows, 64u);
+    EXPECT_EQ(q.cols, 5u);
+  }
   b.reconstruct(view(out_b));
-  EXPECT_EQ(out_a, out_b);  // bit-identical: same seed, same operations
+  c.reconstruct(view(out_c));
+  EXPECT_EQ(out_b, out_c);  // bit-identical: same seed, same operations (what replicas rely on)
+  EXPECT_LT(frob_error(out_a, out_b), 1e-5 * x.norm());  // one sweep instead of two: rounding apart
 }
 
 TEST(PowerIterationProjector, ZeroMatrixGivesFiniteOrthonormalFactors) {
@@ -161,5 +167,200 @@ TEST(PowerIterationProjector, BadInputThrows) {
   EXPECT_THROW(proj.left(view(wrong)), dx::Error);
   EXPECT_THROW(proj.right(view(wrong)), dx::Error);
   EXPECT_THROW(proj.reconstruct(view(wrong)), dx::Error);
+  EXPECT_THROW(proj.step(view(wrong)), dx::Error);
+  EXPECT_THROW(proj.approximate(view(wrong), view(out)), dx::Error);
   EXPECT_THROW(proj.set_rank(6), dx::Error);
+}
+
+// ---- step(): one sweep over X ---------------------------------------------------
+
+namespace {
+
+// Runs `calls` steps of `one` (step) and of `two` (left, orthonormalize_left, right)
+// on x and checks after each that P is orthonormal and that both P and Q agree to
+// `tol` relative to their norms. With `any_sign`, a column of P and Q may have the
+// opposite sign in both (set_rank's eigenvectors have no preferred sign).
+void expect_step_matches_two_sweeps(dx::PowerIterationProjector& one, dx::PowerIterationProjector& two,
+                                    const RowM& x, int calls, double tol, bool any_sign = false) {
+  const auto m = static_cast<Eigen::Index>(x.rows()), n = static_cast<Eigen::Index>(x.cols());
+  const Eigen::Index r = one.rank();
+  for (int call = 0; call < calls; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    one.step(view(x));
+    two.left(view(x));
+    two.orthonormalize_left();
+    two.right(view(x));
+    const Eigen::Map<const RowM> p1(one.left_factor().data(), m, r), p2(two.left_factor().data(), m, r);
+    const Eigen::Map<const RowM> q1(one.right_factor().data(), n, r), q2(two.right_factor().data(), n, r);
+    ASSERT_TRUE(p1.allFinite() && q1.allFinite());
+    EXPECT_LT(orthonormality_error({one.left_factor().data(), static_cast<std::size_t>(m), static_cast<std::size_t>(r)}),
+              1e-4);
+    Eigen::VectorXf sign = Eigen::VectorXf::Ones(r);
+    if (any_sign)
+      for (Eigen::Index j = 0; j < r; ++j) sign[j] = p1.col(j).dot(p2.col(j)) < 0 ? -1.0f : 1.0f;
+    const RowM p1s = p1 * sign.asDiagonal(), q1s = q1 * sign.asDiagonal();
+    EXPECT_LE(frob_error(p1s, p2), tol * std::sqrt(static_cast<double>(r)));
+    EXPECT_LE(frob_error(q1s, q2), tol * q2.norm() + 1e-6 * x.norm());
+  }
+}
+
+}  // namespace
+
+TEST(PowerIterationProjectorStep, MatchesTwoSweepsAtEveryRankAndShape) {
+  struct Shape { int m, n; };
+  for (const Shape s : {Shape{128, 96}, Shape{96, 128}, Shape{300, 70}, Shape{70, 300}, Shape{97, 131}}) {
+    const int k = std::min(s.m, s.n);
+    const RowM x = with_spectrum(s.m, s.n, geometric(k, 0.93), 17);
+    for (int r = 1; r <= std::min(k, 64); ++r) {
+      SCOPED_TRACE(std::to_string(s.m) + "x" + std::to_string(s.n) + " r=" + std::to_string(r));
+      dx::PowerIterationProjector one(s.m, s.n, {.rank = r, .seed = 4}), two(s.m, s.n, {.rank = r, .seed = 4});
+      expect_step_matches_two_sweeps(one, two, x, 4, 1e-4);
+      EXPECT_EQ(one.replaced_columns(), two.replaced_columns());
+    }
+  }
+}
+
+TEST(PowerIterationProjectorStep, ReadsXOnceOnWarmWellConditionedSteps) {
+  for (const int r : {1, 4, 7, 16, 33, 64}) {
+    SCOPED_TRACE("r=" + std::to_string(r));
+    const RowM x = with_spectrum(256, 200, geometric(200, 0.97), 23);
+    dx::PowerIterationProjector proj(256, 200, {.rank = r, .seed = 2});
+    proj.step(view(x));
+    const auto after_first = proj.second_sweeps();  // from a random start R may be ill-conditioned
+    for (int call = 0; call < 5; ++call) proj.step(view(x));
+    EXPECT_EQ(proj.second_sweeps(), after_first);
+    EXPECT_EQ(proj.replaced_columns(), 0u);
+  }
+}
+
+TEST(PowerIterationProjectorStep, WithinSvdBoundOnLargerMatrices) {
+  struct Case { int m, n, r; double ratio; };
+  for (const Case c : {Case{600, 400, 4, 0.8}, Case{400, 600, 16, 0.9}, Case{512, 512, 64, 0.96}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.n) + " r=" + std::to_string(c.r));
+    const RowM x = with_spectrum(c.m, c.n, geometric(std::min(c.m, c.n), c.ratio), 29);
+    Eigen::BDCSVD<Eigen::MatrixXd> svd(x.cast<double>());
+    const auto& sigma = svd.singularValues();
+    const double optimal = sigma.tail(sigma.size() - c.r).norm();
+    dx::PowerIterationProjector one(c.m, c.n, {.rank = c.r, .seed = 3}), two(c.m, c.n, {.rank = c.r, .seed = 3});
+    RowM out_one(c.m, c.n), out_two(c.m, c.n);
+    for (int call = 0; call < 8; ++call) {
+      one.approximate(view(x), view(out_one));
+      two.left(view(x));
+      two.orthonormalize_left();
+      two.right(view(x));
+      two.reconstruct(view(out_two));
+    }
+    const double e_one = frob_error(x, out_one), e_two = frob_error(x, out_two);
+    EXPECT_LE(e_one, 1.02 * optimal);
+    EXPECT_NEAR(e_one, e_two, 1e-5 * x.norm());  // the same error as the two-sweep iteration
+  }
+}
+
+TEST(PowerIterationProjectorStep, ZeroMatrixFallsBackToASecondSweep) {
+  const RowM x = RowM::Zero(40, 30);
+  dx::PowerIterationProjector one(40, 30, {.rank = 8}), two(40, 30, {.rank = 8});
+  RowM out(40, 30);
+  for (int call = 0; call < 3; ++call) {
+    one.approximate(view(x), view(out));
+    ASSERT_TRUE(out.allFinite());
+    EXPECT_EQ(out.norm(), 0.0f);
+    EXPECT_LT(orthonormality_error({one.left_factor().data(), 40, 8}), 1e-5);
+    for (float s : one.singular_values()) EXPECT_EQ(s, 0.0f);
+    two.left(view(x));
+    two.orthonormalize_left();
+    two.right(view(x));
+    // Every column was replaced, so step() read X twice, exactly as the two-sweep path.
+    EXPECT_EQ(std::vector<float>(one.left_factor().begin(), one.left_factor().end()),
+              std::vector<float>(two.left_factor().begin(), two.left_factor().end()));
+  }
+  EXPECT_EQ(one.second_sweeps(), 3u);
+  EXPECT_EQ(one.replaced_columns(), two.replaced_columns());
+}
+
+TEST(PowerIterationProjectorStep, RankDeficientInputIsExactAndMatchesTwoSweeps) {
+  for (const int rank_of_x : {1, 3}) {
+    SCOPED_TRACE("rank(X)=" + std::to_string(rank_of_x));
+    std::vector<double> s(rank_of_x);
+    for (int i = 0; i < rank_of_x; ++i) s[i] = 3.0 - i;
+    const RowM x = with_spectrum(50, 70, s, 5);
+    dx::PowerIterationProjector one(50, 70, {.rank = 8}), two(50, 70, {.rank = 8});
+    expect_step_matches_two_sweeps(one, two, x, 3, 1e-4);
+    RowM out(50, 70);
+    one.reconstruct(view(out));
+    EXPECT_LT(frob_error(x, out), 1e-5 * x.norm());
+    EXPECT_GT(one.replaced_columns(), 0u);
+    EXPECT_EQ(one.second_sweeps(), 3u);  // a replaced column: Q = X^T P needs X again
+  }
+}
+
+TEST(PowerIterationProjectorStep, IllConditionedSketchReadsXTwice) {
+  // Spectrum 1, 0.1, 0.01, ...: the second sketch X X^T P weighs the top direction
+  // ~1e6 times the fourth, so R's columns are nearly parallel (scaled inverse ~1e5 >
+  // max_solve_amplification) although none vanishes: Q must come from X again.
+  // Both paths orthonormalize that sketch, so their P differ by ~eps * cond (1e-2 in
+  // the fourth column): compare what they approximate X with, not P itself.
+  const std::vector<double> s = geometric(90, 0.1);
+  const RowM x = with_spectrum(120, 90, s, 31);
+  const double optimal = Eigen::Map<const Eigen::VectorXd>(s.data() + 4, 86).norm();
+  dx::PowerIterationProjector one(120, 90, {.rank = 4, .seed = 6}), two(120, 90, {.rank = 4, .seed = 6});
+  RowM out_one(120, 90), out_two(120, 90);
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE("call " + std::to_string(call));
+    one.approximate(view(x), view(out_one));
+    two.left(view(x));
+    two.orthonormalize_left();
+    two.right(view(x));
+    two.reconstruct(view(out_two));
+    EXPECT_LT(orthonormality_error({one.left_factor().data(), 120, 4}), 1e-4);
+    // ~1e-4 each; rounding through that sketch moves it by ~1e-6 (build-dependent)
+    EXPECT_NEAR(frob_error(x, out_one), frob_error(x, out_two), 1e-5 * x.norm());
+  }
+  EXPECT_LE(frob_error(x, out_one), 1.02 * optimal + 1e-6 * x.norm());
+  EXPECT_GE(one.second_sweeps(), 1u);
+  EXPECT_EQ(one.replaced_columns(), 0u);
+}
+
+TEST(PowerIterationProjectorStep, ColdStartMatchesTwoSweeps) {
+  const RowM x = with_spectrum(150, 110, geometric(110, 0.9), 37);
+  dx::PowerIterationProjector one(150, 110, {.rank = 6, .warm_start = false, .seed = 8});
+  dx::PowerIterationProjector two(150, 110, {.rank = 6, .warm_start = false, .seed = 8});
+  expect_step_matches_two_sweeps(one, two, x, 3, 1e-4);
+}
+
+TEST(PowerIterationProjectorStep, RankChangesKeepTheSweepConsistent) {
+  const RowM x = with_spectrum(160, 140, geometric(140, 0.9), 41);
+  dx::PowerIterationProjector one(160, 140, {.rank = 8, .seed = 1}), two(160, 140, {.rank = 8, .seed = 1});
+  expect_step_matches_two_sweeps(one, two, x, 3, 1e-4);
+  for (const int r : {3, 37, 12}) {
+    SCOPED_TRACE("set_rank " + std::to_string(r));
+    one.set_rank(r);
+    two.set_rank(r);
+    expect_step_matches_two_sweeps(one, two, x, 3, 1e-3, true);
+  }
+}
+
+TEST(PowerIterationProjectorStep, ApproximateWritesTheSameProductAsReconstruct) {
+  struct Case { int m, n, r; };
+  for (const Case c : {Case{1, 1, 1}, Case{2, 9, 2}, Case{9, 2, 2}, Case{5, 3, 1}, Case{5, 3, 3}, Case{97, 131, 1}, Case{97, 131, 5}, Case{64, 200, 13},
+                       Case{203, 77, 64}, Case{256, 256, 32}}) {
+    SCOPED_TRACE(std::to_string(c.m) + "x" + std::to_string(c.n) + " r=" + std::to_string(c.r));
+    const RowM x = with_spectrum(c.m, c.n, geometric(std::min(c.m, c.n), 0.9), 43);
+    dx::PowerIterationProjector proj(c.m, c.n, {.rank = c.r, .seed = 2});
+    RowM out(c.m, c.n), want(c.m, c.n);
+    for (int call = 0; call < 2; ++call) {
+      proj.approximate(view(x), view(out));
+      proj.reconstruct(view(want));  // P Q^T by Eigen's GEMM, from the same factors
+      ASSERT_TRUE(out.allFinite());
+      EXPECT_LE(frob_error(out, want), 1e-6 * want.norm());
+    }
+  }
+}
+
+TEST(PowerIterationProjectorStep, ApproximateInPlace) {
+  const RowM x = with_spectrum(90, 70, geometric(70, 0.8), 47);
+  RowM y = x, out(90, 70);
+  dx::PowerIterationProjector a(90, 70, {.rank = 6, .seed = 5}), b(90, 70, {.rank = 6, .seed = 5});
+  a.approximate(view(x), view(out));
+  b.approximate(view(y), view(y));  // out aliases x: X is read before X_hat is written
+  EXPECT_EQ(y, out);
 }

@@ -4,6 +4,7 @@
 // State (m, v) lives beside the parameters of one stage; nothing here communicates.
 #pragma once
 
+#include "model/cpu/parallel.hpp"
 #include "model/param_layout.hpp"
 
 #include <dilocox/config.hpp>
@@ -75,7 +76,11 @@ class AdamW {
       float* m = m_.data() + tensor.offset;
       float* v = v_.data() + tensor.offset;
       const float wd = tensor.decay ? c.weight_decay : 0.0f;
-      for (std::size_t i = 0; i < tensor.numel(); ++i) u.apply(p[i], m[i], v[i], g[i], wd);
+      // Element-wise: split over the kernels' threads, the same numbers for any count. The
+      // trainer builds with -fno-math-errno, so sqrtf leaves the loop vectorizable.
+      cpu::parallel_ranges(tensor.numel(), 16384, [&](int, std::size_t b, std::size_t e) {
+        for (std::size_t i = b; i < e; ++i) u.apply(p[i], m[i], v[i], g[i], wd);
+      });
     }
   }
 

@@ -40,7 +40,7 @@ class GptStage {
     dqkv_.assign(N * 3 * C, T(0));
     datty_.assign(N * C, T(0));
     dfch_.assign(N * F, T(0));
-    att_scratch_.assign(static_cast<std::size_t>(T_) * T_, T(0));
+    att_scratch_.assign(static_cast<std::size_t>(cpu::threads()) * T_ * T_, T(0));
   }
 
   bool first() const { return layout_.first(); }
@@ -63,8 +63,10 @@ class GptStage {
   void init(std::uint64_t seed) { layout_.init(std::span<T>(params_), seed); }
 
   void zero_grads() {
-    std::fill(grads_.begin(), grads_.end(), T(0));
-    std::fill(head_dwte_.begin(), head_dwte_.end(), T(0));
+    for (auto* v : {&grads_, &head_dwte_})
+      cpu::parallel_ranges(v->size(), 4096, [v](int, std::size_t b, std::size_t e) {
+        std::fill(v->data() + b, v->data() + e, T(0));
+      });
   }
 
   // Where a non-first stage receives its input activation (B, T, C) for a slot.
@@ -98,14 +100,12 @@ class GptStage {
       cpu::layernorm_forward(a.ln1.data(), a.ln1_mean.data(), a.ln1_rstd.data(), in, p(w.ln1w), p(w.ln1b), N, C);
       cpu::matmul_forward(a.qkv.data(), a.ln1.data(), p(w.qkvw), p(w.qkvb), N, C, 3 * C);
       cpu::attention_forward(a.atty.data(), a.att.data(), a.qkv.data(), B_, T_, C, NH);
-      cpu::matmul_forward(a.res2.data(), a.atty.data(), p(w.projw), p(w.projb), N, C, C);
-      cpu::add_into(a.res2.data(), in, a.res2.size());
+      cpu::matmul_forward(a.res2.data(), a.atty.data(), p(w.projw), p(w.projb), N, C, C, in);
       cpu::layernorm_forward(a.ln2.data(), a.ln2_mean.data(), a.ln2_rstd.data(), a.res2.data(), p(w.ln2w),
                              p(w.ln2b), N, C);
       cpu::matmul_forward(a.fch.data(), a.ln2.data(), p(w.fcw), p(w.fcb), N, C, F);
       cpu::gelu_forward(a.fch_gelu.data(), a.fch.data(), a.fch.size());
-      cpu::matmul_forward(a.res3.data(), a.fch_gelu.data(), p(w.fcprojw), p(w.fcprojb), N, F, C);
-      cpu::add_into(a.res3.data(), a.res2.data(), a.res3.size());
+      cpu::matmul_forward(a.res3.data(), a.fch_gelu.data(), p(w.fcprojw), p(w.fcprojb), N, F, C, a.res2.data());
       in = a.res3.data();
     }
     if (!last()) return 0.0;
@@ -150,6 +150,8 @@ class GptStage {
       // res2 = in + c_proj(attention(c_attn(ln_1(in))))
       cpu::matmul_backward(datty_.data(), g(w.projw), g(w.projb), dres_.data(), a.atty.data(), p(w.projw), N, C, C,
                            true);
+      const std::size_t scratch = static_cast<std::size_t>(cpu::threads()) * T_ * T_;
+      if (att_scratch_.size() < scratch) att_scratch_.assign(scratch, T(0));  // set_threads raised since construction
       cpu::attention_backward(dqkv_.data(), att_scratch_.data(), datty_.data(), a.qkv.data(), a.att.data(), B_, T_, C,
                               NH);
       cpu::matmul_backward(dln_.data(), g(w.qkvw), g(w.qkvb), dqkv_.data(), a.ln1.data(), p(w.qkvw), N, C, 3 * C,
@@ -166,7 +168,9 @@ class GptStage {
   void finish_backward() {
     if (head_dwte_.empty()) return;
     T* d = g(layout_.wte());
-    for (std::size_t i = 0; i < head_dwte_.size(); ++i) d[i] = d[i] + head_dwte_[i];
+    cpu::parallel_ranges(head_dwte_.size(), 4096, [&](int, std::size_t b, std::size_t e) {
+      for (std::size_t i = b; i < e; ++i) d[i] = d[i] + head_dwte_[i];
+    });
   }
 
  private:
@@ -211,7 +215,8 @@ class GptStage {
   std::vector<T> params_, grads_;  // flat, in tensors_ order
   std::vector<T> head_dwte_;       // (V, C): the LM head's share of d(wte) on a single-stage model
   std::vector<Slot> slots_;
-  // Backward scratch, one micro-batch at a time: (N, C), (N, C), (N, 3C), (N, C), (N, F), (T, T).
+  // Backward scratch, one micro-batch at a time: (N, C), (N, C), (N, 3C), (N, C), (N, F),
+  // and (threads, T, T) for attention (one (T, T) per thread; grows if threads do).
   std::vector<T> dres_, dln_, dqkv_, datty_, dfch_, att_scratch_;
 };
 

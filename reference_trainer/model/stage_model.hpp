@@ -98,9 +98,9 @@ class CpuStageModel final : public StageModel {
   void grad_square_norms(std::span<double> by_id) override {
     for (const auto& t : model_.tensors()) {
       if (!counts_in_norm(t)) continue;
-      double s = 0;
-      for (float g : model_.grad(t)) s += static_cast<double>(g) * g;
-      by_id[static_cast<std::size_t>(t.global_id)] = s;
+      const float* g = model_.grad(t).data();
+      by_id[static_cast<std::size_t>(t.global_id)] = cpu::sum_in_index_order<double>(
+          t.numel(), [g](std::size_t i) { return static_cast<double>(g[i]) * static_cast<double>(g[i]); });
     }
   }
   void adamw_step(const AdamWConfig& c, float lr, float grad_scale, std::int64_t t) override {

@@ -25,6 +25,7 @@ bad_flags)
   }
   base=(--data-dir data --model tiny --vocab 64 --quiet --tokens 128)
   check "${base[@]}" --batch 0
+  check "${base[@]}" --threads 0
   check --data-dir data --model huge
   check --data-dir data --model qwen1.5-107b
   check "${base[@]}" --stages 2
@@ -111,6 +112,13 @@ pipeline)
   done
   first=$(head -1 a.txt) last=$(grep loss a.txt | tail -1)
   echo "ok: S=2 (1f1b and gpipe, 4 micro-batches) equals S=1 bit for bit over 8 steps ($first ... $last)"
+  # --threads: the CPU kernels split their work so that no number depends on the count.
+  "$train" "${common[@]}" --tokens 1024 --micro-batches 4 --threads 2 --metrics one_t2.jsonl >one_t2.txt
+  losses one_t2.jsonl >c.txt
+  diff a.txt c.txt || fail "--threads 2 losses differ from --threads 1"
+  [[ $(grep -o '"final_eval_loss":[^,]*' one.txt) == $(grep -o '"final_eval_loss":[^,]*' one_t2.txt) ]] ||
+    fail "--threads 2 eval loss differs"
+  echo "ok: --threads 2 equals --threads 1 bit for bit"
   ;;
 plan)  # the paper's arithmetic and the 107B layout, pinned
   "$train" --plan --params 100e9 --clusters 3 --stages 1 --shards 1 --sync allreduce --wan-bandwidth 1Gbps >p.txt
