@@ -5,7 +5,7 @@
 //            on --resume (stored in its meta);
 //   ranks:   every rank must run with the same value (collectives would not match), but
 //            --resume may change it (eval and checkpoint cadence, timeouts, ...);
-//   local:   each rank's own business (paths, --quiet, --gpu, planning inputs).
+//   local:   each rank's own business (paths, --quiet, --gpu, --threads, planning inputs).
 // Values are the effective ones (a default spelled out or not gives the same string); a
 // flag the run does not use (--rank under --sync diloco) has none and is not compared.
 // Also the comparisons and their one-line messages. Not here: MPI (run_agreement.hpp).
@@ -147,6 +147,7 @@ inline const std::vector<FlagRow>& flag_table() {
       {"--metrics", local, nullptr},
       {"--quiet", local, nullptr},
       {"--gpu", local, nullptr},
+      {"--threads", local, nullptr},  // the same numbers for any count
       {"--params", local, nullptr},
       {"--rank-flops", local, nullptr},
       {"--gpu-memory", local, nullptr},
