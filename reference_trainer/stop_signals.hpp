@@ -3,8 +3,9 @@
 // after every step (one small allreduce) and save a checkpoint at once. SIGUSR1 is the
 // signal Open MPI's mpirun forwards to the ranks without ending the job (its
 // ess_base_forward_signals default): `kill -USR1 <mpirun>` stops a run cleanly with exit
-// 0. SIGTERM or Ctrl-C to mpirun reach the ranks as SIGTERM followed by SIGKILL
-// odls_base_sigkill_timeout seconds later (default 1); launcher_kill_grace() reads it.
+// 0. SIGTERM or Ctrl-C to mpirun (Open MPI 4.1, measured): the ranks get SIGCONT at once,
+// SIGTERM odls_base_sigkill_timeout seconds later (default 1) and SIGKILL as long after
+// that, and mpirun exits 1 whatever the ranks did; launcher_kill_grace() reads it.
 // Not here: the agreement itself and the save (train_main.cpp).
 #pragma once
 

@@ -19,6 +19,12 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 last_step() { grep '"type":"step"' "$1" 2>/dev/null | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2 || true; }
 newest_step() { { ls ck 2>/dev/null || true; } | sed -n "s/^$1-step0*\([0-9][0-9]*\)\.ckpt\$/\1/p" | sort -n | tail -1; }
+# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  return 1
+}
 rank_pid() {
   local p
   for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
@@ -87,7 +93,7 @@ for kind in "${plan[@]}"; do
     term_mpirun) kill -TERM $pid ;;
     term_rank) kill -TERM "$(rank_pid $pid $victim)"; note="rank $victim" ;;
   esac
-  timeout 30 tail --pid=$pid -f /dev/null || fail "$kind: mpirun still running 30 s later"
+  wait_gone $pid 30 || fail "$kind: mpirun still running 30 s later"
   rc=0
   wait $pid || rc=$?
   took=$(since "$t0")

@@ -19,6 +19,12 @@ tiny=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-ever
 grid=("${tiny[@]}" --clusters 2 --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3)
 mpi=("${mpiexec:-mpiexec}" --oversubscribe --allow-run-as-root)
 need_mpi() { [[ -n $mpiexec ]] || fail "$case_name needs MPIEXEC"; }
+# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  return 1
+}
 # The pid of world rank $2 among the children of mpirun $1.
 rank_pid() {
   local p
@@ -198,12 +204,13 @@ watchdog)  # no collective waits forever: kill -STOP one rank; the others exit n
       >out.txt 2>err.txt &
     pid=$!
     wait_lines m.jsonl 10
+    sleep 1.5  # a heartbeat or two from the training loop
     vpid=$(rank_pid $pid $victim)
     [[ -n $vpid ]] || fail "no pid for rank $victim"
     t0=$(now)
     kill -STOP "$vpid"
     rc=0
-    timeout $((timeout_s + 10)) tail --pid=$pid -f /dev/null || rc=$?
+    wait_gone $pid $((timeout_s + 10)) || rc=$?
     took=$(since "$t0")
     if [[ $rc != 0 ]]; then
       kill -9 "$vpid" $pid 2>/dev/null || true
@@ -216,6 +223,7 @@ watchdog)  # no collective waits forever: kill -STOP one rank; the others exit n
     who="rank $victim (stage $((victim % 2)), replica $((victim / 2))) stopped answering"
     lines=$(grep -c -- "$who" err.txt || true)
     [[ $lines == 3 ]] || fail "expected the 3 live ranks to name $who, got $lines lines: $(cat err.txt)"
+    grep -q -- "$who.*last heard at step [1-9][0-9]*, training" err.txt || fail "no step and activity: $(cat err.txt)"
     echo "ok ($took s, exit $rc, timeout $timeout_s s): $(grep -m1 -- "$who" err.txt)"
   done
   ;;
@@ -224,21 +232,24 @@ stop)  # item 1: every way to stop a run keeps the last completed step
   flags=("${grid[@]}" --tokens 100000000 --checkpoint-dir ck --metrics m.jsonl)
   # stop_with WHAT WANT_RC RESUME: start (or resume), signal once 15 lines are logged, check
   # the checkpoint holds every step completed before the signal and the summary says so.
+  # term_mpirun_grace: as documented for steps plus a save longer than 1 s, mpirun given
+  # a grace period (it sends SIGTERM after it, then SIGKILL after as long again).
   stop_with() {
-    local what=$1 want=$2 extra=() rc=0 t0 logged took saved
+    local what=$1 want=$2 extra=() launch=("${mpi[@]}") rc=0 t0 logged took saved
     [[ $3 == resume ]] && extra=(--resume)
+    [[ $what == term_mpirun_grace ]] && launch+=(--mca odls_base_sigkill_timeout 3)
     rm -f m.jsonl
-    "${mpi[@]}" -n 4 "$train" "${flags[@]}" "${extra[@]}" >out.txt 2>err.txt &
+    "${launch[@]}" -n 4 "$train" "${flags[@]}" "${extra[@]}" >out.txt 2>err.txt &
     local pid=$!
     wait_lines m.jsonl 15
     logged=$(grep '"type":"step"' m.jsonl | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2)
     t0=$(now)
     case $what in
       usr1_mpirun) kill -USR1 $pid ;;
-      term_mpirun) kill -TERM $pid ;;
+      term_mpirun | term_mpirun_grace) kill -TERM $pid ;;
       term_rank) kill -TERM "$(rank_pid $pid 3)" ;;
     esac
-    timeout 30 tail --pid=$pid -f /dev/null || fail "$what: still running after 30 s"
+    wait_gone $pid 30 || fail "$what: still running after 30 s"
     wait $pid || rc=$?
     took=$(since "$t0")
     [[ $rc == "$want" ]] || fail "$what: mpirun exit $rc, expected $want: $(tail -3 err.txt)"
@@ -250,11 +261,13 @@ stop)  # item 1: every way to stop a run keeps the last completed step
         fail "$what: summary $(cat out.txt)"
     fi
     [[ -z $(ls ck | grep '\.tmp$' || true) ]] || fail "$what: temporary files left: $(ls ck)"
-    echo "ok ($took s to exit, mpirun exit $rc): $what after step $logged was logged -> checkpoint at step $saved"
+    echo "ok ($took s to exit, mpirun exit $rc, summary: $([[ -s out.txt ]] && echo yes || echo no)): $what after step" \
+      "$logged was logged -> checkpoint at step $saved"
   }
   stop_with usr1_mpirun 0 fresh
   stop_with term_rank 0 resume
   stop_with term_mpirun 1 resume
+  stop_with term_mpirun_grace 1 resume
   # a temporary file of a save cut short is removed at the next start
   printf 'cut short' >ck/stage0of2-replica0of2-step00000999.ckpt.tmp
   "${mpi[@]}" -n 4 "$train" "${grid[@]}" --tokens 100000000 --checkpoint-dir ck --resume --stop-after 1 >out.txt 2>err.txt
