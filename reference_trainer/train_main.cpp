@@ -404,6 +404,7 @@ class Run {
   void load(std::int64_t start);
   void open_metrics(std::int64_t start);
   void train_loop();
+  std::string checkpoint_plan() const;
   void after_rounds_step(bool& skipped_since_sync);
   void log_step(const StepStats& st);
   StepFlags agree_after_step(const StepStats& st);
@@ -541,6 +542,7 @@ int Run::train(std::int64_t start) {
                     (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
   if (rank_ == 0 && !o_.quiet && sync_ && !sync_->treatment().empty())
     progress_->note("dilocox-train: stage 0: " + sync_->treatment());
+  if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
   install_stop_signals();
   if (finished_before_) {
     if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
@@ -548,6 +550,20 @@ int Run::train(std::int64_t start) {
     train_loop();
   }
   return finish();
+}
+
+// Where and when this run saves, for the start banner: an operator knows before the
+// first step what a stop or a kill will cost.
+std::string Run::checkpoint_plan() const {
+  if (o_.checkpoint_dir.empty())
+    return "no --checkpoint-dir: nothing is saved, a stop or a kill loses the run";
+  char minutes[32];
+  std::snprintf(minutes, sizeof minutes, "%g", o_.checkpoint_minutes);
+  std::string when;
+  if (o_.checkpoint_every > 0) when += "every " + std::to_string(o_.checkpoint_every) + " steps, ";
+  if (o_.checkpoint_minutes > 0) when += "every " + std::string(minutes) + " minutes, ";
+  return "checkpoints in " + o_.checkpoint_dir + ": " + when +
+         "on SIGTERM, SIGINT or SIGUSR1 (README: stopping a run) and at the end";
 }
 
 void Run::train_loop() {

@@ -274,6 +274,19 @@ stop)  # item 1: every way to stop a run keeps the last completed step
   [[ ! -e ck/stage0of2-replica0of2-step00000999.ckpt.tmp ]] || fail "a stale .ckpt.tmp survived the restart"
   grep -q 'removed 1 temporary file' err.txt || fail "no note about the removed temporary file: $(cat err.txt)"
   echo "ok: the stale .ckpt.tmp was removed at the restart"
+  # --checkpoint-minutes alone (no --checkpoint-every): saves by the clock, so a kill -9
+  # costs at most that long; the next start resumes from the newest
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ckm --checkpoint-minutes 0.01 >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do [[ -n $(newest_step ckm stage0of1) ]] && break; sleep 0.1; done
+  sleep 1
+  kill -9 $pid
+  wait $pid 2>/dev/null || true
+  saved=$(newest_step ckm stage0of1)
+  [[ -n $saved && $saved -gt 0 ]] || fail "--checkpoint-minutes 0.01: no checkpoint after about 2 s: $(ls ckm)"
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ckm --resume --stop-after 1 >out.txt 2>/dev/null
+  [[ $(field steps out.txt) == $((saved + 1)) ]] || fail "resume after kill -9: $(cat out.txt)"
+  echo "ok: --checkpoint-minutes 0.01 alone: kill -9 at about 2 s, resumed from step $saved"
   # without --checkpoint-dir a stop loses the work: exit 1 and say so
   "$train" "${tiny[@]}" --tokens 100000000 --metrics solo.jsonl >out.txt 2>err.txt &
   pid=$!
