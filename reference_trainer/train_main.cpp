@@ -910,9 +910,12 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   auto parsed = parse_train_options(argc, argv);
   const auto* o = std::get_if<TrainOptions>(&parsed);
-  std::optional<Watchdog> watchdog;
-  if (size > 1) watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout,
-                                 o ? o->stages : 0);
+  std::optional<Watchdog> watchdog;  // its thread calls MPI beside the training's: MPI_THREAD_MULTIPLE
+  if (size > 1 && provided < MPI_THREAD_MULTIPLE && rank == 0)
+    std::fprintf(stderr, "dilocox-train: note: this MPI library does not provide MPI_THREAD_MULTIPLE: no watchdog, "
+                         "a rank that stops answering will hang the others\n");
+  if (size > 1 && provided >= MPI_THREAD_MULTIPLE)
+    watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout, o ? o->stages : 0);
   std::optional<Run> run;
   json report;
   if (const auto missing = unclassified_flags(); !missing.empty()) {
