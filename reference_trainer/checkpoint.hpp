@@ -1,9 +1,14 @@
 // reference_trainer/checkpoint.hpp: one rank's training state on disk. A file is a
 // list of named sections (bytes) behind a header and before a 64-bit checksum of
 // everything that precedes it. Writing is atomic: a temporary file beside the target,
-// fsync, rename, fsync of the folder; a crash leaves the old file or the new one,
-// never a mix. Reading checks magic, version, every length and the checksum, and
-// names the file and the fault. Files are "<prefix>-step<8 digits>.ckpt".
+// rename, then fsync of the file and of the folder; a process killed at any moment
+// leaves the old file or the new one, never a mix (the rename comes before the slow
+// fsyncs, so a save cut short by SIGKILL is usually already complete); a machine crash
+// before the fsyncs return can leave a new file that read() refuses, so callers delete
+// older files only after every rank's write returned. Reading checks magic, version,
+// every length and the checksum, and names the file and the fault. Files are
+// "<prefix>-step<8 digits>.ckpt"; also here: the folder's layouts, stale temporaries,
+// and a test write. Not here: what goes into a checkpoint (the trainer's).
 #pragma once
 
 #include <dilocox/checksum.hpp>
@@ -86,13 +91,15 @@ class Checkpoint {
       }
       done += static_cast<std::size_t>(n);
     }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw Error("Checkpoint: renaming " + tmp + " failed: " + why);
+    }
     const bool synced = ::fsync(fd) == 0;
     ::close(fd);
-    if (!synced) {
-      ::unlink(tmp.c_str());
-      throw Error("Checkpoint: fsync of " + tmp + " failed");
-    }
-    std::filesystem::rename(tmp, path);
+    dilocox::detail::require(synced, "Checkpoint", "fsync of " + path.string() + " failed: " + std::strerror(errno));
     const auto dir = path.parent_path().empty() ? std::filesystem::path(".") : path.parent_path();
     const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
     if (dfd >= 0) {
@@ -176,6 +183,62 @@ inline std::vector<std::int64_t> list_checkpoints(const std::filesystem::path& d
   }
   std::sort(steps.rbegin(), steps.rend());
   return steps;
+}
+
+
+namespace detail {
+// "<prefix>-step<8 digits><suffix>" -> prefix (empty when the name has another form).
+inline std::string checkpoint_prefix_of(const std::string& name, const std::string& suffix) {
+  const std::size_t n = name.size(), tail = 5 + 8 + suffix.size();  // "-step" + digits + suffix
+  if (n <= tail || !name.ends_with(suffix) || name.compare(n - tail, 5, "-step") != 0) return "";
+  for (std::size_t i = n - 8 - suffix.size(); i < n - suffix.size(); ++i)
+    if (name[i] < '0' || name[i] > '9') return "";
+  return name.substr(0, n - tail);
+}
+}  // namespace detail
+
+// The prefixes (layouts: "stage0of2-replica1of2", ...) of every checkpoint in dir, sorted.
+inline std::vector<std::string> checkpoint_layouts(const std::filesystem::path& dir) {
+  std::vector<std::string> found;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto p = detail::checkpoint_prefix_of(e.path().filename().string(), ".ckpt");
+    if (!p.empty() && std::find(found.begin(), found.end(), p) == found.end()) found.push_back(p);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// Deletes this prefix's temporaries ("<prefix>-step*.ckpt.tmp": a save cut short by a
+// kill) and its test-write file; returns how many files went.
+inline int remove_stale_temporaries(const std::filesystem::path& dir, const std::string& prefix) {
+  int removed = 0;
+  std::error_code ec;
+  std::vector<std::filesystem::path> doomed;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename().string();
+    if (detail::checkpoint_prefix_of(name, ".ckpt.tmp") == prefix || name == prefix + ".write-test")
+      doomed.push_back(e.path());
+  }
+  for (const auto& p : doomed) removed += std::filesystem::remove(p, ec) ? 1 : 0;
+  return removed;
+}
+
+// Creates dir if needed and writes, syncs and deletes a small file in it: throws Error
+// naming the folder and the reason when checkpoints could not be saved there.
+inline void probe_checkpoint_dir(const std::filesystem::path& dir, const std::string& prefix) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  dilocox::detail::require(!ec, "--checkpoint-dir", dir.string() + ": cannot create the folder: " + ec.message());
+  const auto probe = dir / (prefix + ".write-test");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  dilocox::detail::require(fd >= 0, "--checkpoint-dir", dir.string() + ": cannot write in it: " + std::strerror(errno));
+  const char bytes[8] = {'d', 'i', 'l', 'o', 'c', 'o', 'x', '\n'};
+  const bool ok = ::write(fd, bytes, sizeof bytes) == static_cast<ssize_t>(sizeof bytes) && ::fsync(fd) == 0;
+  const std::string why = std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  dilocox::detail::require(ok, "--checkpoint-dir", dir.string() + ": a test write failed: " + why);
 }
 
 }  // namespace dilocox::trainer

@@ -2,23 +2,30 @@
 // without mpirun); each rank holds only its stage's weights and AdamW state. Reads the
 // token shards of scripts/prepare_data.sh, trains with warmup + cosine AdamW, evaluates,
 // writes metrics (JSONL), checkpoints atomically, resumes bit-for-bit, and stops
-// cleanly on SIGINT/SIGTERM. Ends with one JSON summary line on stdout.
+// cleanly on a stop signal (stop_signals.hpp). Before any work every rank checks its
+// inputs and all agree (run_agreement.hpp); a watchdog ends the run when a rank stops
+// answering (watchdog.hpp); a run whose loss stays NaN/Inf ends with exit 1. Ends with
+// one JSON summary line on stdout.
 #include "checkpoint.hpp"
 #include "cluster_sync.hpp"
 #include "data/batch_sampler.hpp"
 #include "data/token_shard.hpp"
+#include "metrics_file.hpp"
 #include "plan_report.hpp"
 #include "progress.hpp"
 #include "pseudo_gradient_dump.hpp"
+#include "run_agreement.hpp"
+#include "run_fingerprint.hpp"
 #include "stage_trainer.hpp"
+#include "stop_signals.hpp"
 #include "train_options.hpp"
+#include "watchdog.hpp"
 
 #include <mpi.h>
 #include <nlohmann/json.hpp>
 
-#include <atomic>
 #include <chrono>
-#include <csignal>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -30,26 +37,18 @@ using json = nlohmann::json;
 
 namespace {
 
-std::atomic<int> g_stop_signal{0};
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-void install_signal_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-}
-
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// A bad combination of flags: one line, exit code 2.
+// A bad input (flag, data, folder, checkpoint of another run): one line, exit code 2.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// ---------------------------------------------------------------------------------
+// Flags -> the run's shape
+// ---------------------------------------------------------------------------------
 
 // The preset with the explicit dimensions applied, validated (for training and --plan).
 GptConfig resolve_model(const TrainOptions& o) {
@@ -129,47 +128,45 @@ SyncOptions resolve_sync(const TrainOptions& o) {
   return s;
 }
 
-// "STEP:REPLICA" -> (step, replica); (-1, -1) when empty.
-std::pair<std::int64_t, int> parse_fault(const std::string& s) {
+// "STEP:REPLICA" -> (step, replica), checked against the run; (-1, -1) when empty.
+std::pair<std::int64_t, int> parse_fault(const std::string& s, int clusters, std::int64_t total_steps) {
   if (s.empty()) return {-1, -1};
   const auto colon = s.find(':');
+  std::int64_t step = 0;
+  int rep = 0;
   try {
     if (colon == std::string::npos) throw std::invalid_argument("no colon");
     std::size_t a = 0, b = 0;
-    const auto step = std::stoll(s.substr(0, colon), &a);
-    const auto rep = std::stoi(s.substr(colon + 1), &b);
+    step = std::stoll(s.substr(0, colon), &a);
+    rep = std::stoi(s.substr(colon + 1), &b);
     if (a != colon || b != s.size() - colon - 1 || step < 1 || rep < 0) throw std::invalid_argument("range");
-    return {step, rep};
   } catch (const std::exception&) {
     throw UsageError("--inject-nan '" + s + "': expected STEP:REPLICA, e.g. 7:1");
   }
+  if (rep >= clusters)
+    throw UsageError("--inject-nan " + s + ": replica " + std::to_string(rep) + " does not exist (--clusters " +
+                     std::to_string(clusters) + ": replicas 0 to " + std::to_string(clusters - 1) + ")");
+  if (step > total_steps)
+    throw UsageError("--inject-nan " + s + ": step " + std::to_string(step) + " is past the run's " +
+                     std::to_string(total_steps) + " steps");
+  return {step, rep};
 }
 
-json run_meta(const TrainShape& s, const TrainOptions& o, std::int64_t step, std::int64_t total_steps) {
-  return {{"step", step},
-          {"total_steps", total_steps},
-          {"model",
-           {{"layers", s.model.n_layer},
-            {"embd", s.model.n_embd},
-            {"heads", s.model.n_head},
-            {"vocab", s.model.vocab},
-            {"max_seq", s.model.max_seq},
-            {"ffn", s.model.ffn_hidden()}}},
-          {"stages", s.stages},
-          {"clusters", o.clusters},
-          {"sync", o.clusters > 1 ? o.sync : "none"},
-          {"batch", s.batch},
-          {"micro_batches", s.micro_batches},
-          {"seq_len", s.seq_len},
-          {"seed", o.seed}};
+// "2 clusters x 2 stages" of a checkpoint prefix ("stage0of2-replica1of2", "stage0of2").
+std::string layout_of(const std::string& prefix) {
+  int s = 0, S = 0, k = 0, K = 1;
+  if (std::sscanf(prefix.c_str(), "stage%dof%d-replica%dof%d", &s, &S, &k, &K) < 2) return prefix;
+  return std::to_string(K) + " cluster" + (K > 1 ? "s" : "") + " x " + std::to_string(S) + " stage" +
+         (S > 1 ? "s" : "");
 }
 
-// The fields that must match for a resumed run to continue the same loss curve.
-void check_compatible(const json& saved, const json& now, const std::string& path) {
+// The fields that had to match before checkpoints held every outcome flag ("flags").
+std::string legacy_mismatch(const json& saved, const json& now) {
   for (const char* key : {"model", "stages", "clusters", "sync", "batch", "micro_batches", "seq_len", "seed"})
     if (saved.value(key, json()) != now.at(key))
-      throw dilocox::Error("checkpoint " + path + " is from a different run: " + key + " " +
-                           saved.value(key, json()).dump() + " there, " + now.at(key).dump() + " now");
+      return std::string(key) + ": " + saved.value(key, json()).dump() + " in the checkpoint, " + now.at(key).dump() +
+             " now";
+  return "";
 }
 
 double sum_over(MPI_Comm comm, double v) {
@@ -197,328 +194,711 @@ int run_plan(const TrainOptions& o) {
   return 0;
 }
 
+// What the ranks agree on after every step (one allreduce of these, MAX).
+struct StepFlags {
+  int signal = 0;           // a stop signal on some rank
+  bool stop_after = false;  // --stop-after reached
+  bool time_due = false;    // --checkpoint-minutes elapsed on some rank's clock
+  bool nonfinite = false;   // some replica's loss was NaN/Inf
+};
+
+// ---------------------------------------------------------------------------------
+// The run: check inputs, agree, build, train, finish
+// ---------------------------------------------------------------------------------
+
 class Run {
  public:
-  Run(const TrainOptions& o, MPI_Comm world) : o_(o), world_(world) {
+  Run(const TrainOptions& o, MPI_Comm world, Watchdog* watchdog) : o_(o), world_(world), watchdog_(watchdog) {
     MPI_Comm_rank(world_, &rank_);
     MPI_Comm_size(world_, &world_size_);
+    replica_ = rank_ / std::max(1, o_.stages);
+    stage_ = rank_ % std::max(1, o_.stages);
   }
 
-  int main() {
-    const double t_start = now_seconds();
+  // This rank's report for the start agreement: every check of its own inputs, with
+  // what failed caught and described (never throws).
+  json check_inputs() {
+    json r{{"parsed", true}, {"code", 0}, {"where", where()}};
+    r["flags"] = flag_values(o_, /*outcome_only=*/false);
+    if (o_.plan) return r;
+    try {
+      check_inputs_or_throw();
+      r["flags"]["data"] = data_fingerprint_;
+      r["checkpoint"] = {{"files", !own_steps_.empty()}, {"intact", intact_steps_}, {"removed_tmp", removed_tmp_}};
+    } catch (const UsageError& e) {
+      r["code"] = 2;
+      r["message"] = e.what();
+    } catch (const std::exception& e) {
+      r["code"] = 1;
+      r["message"] = e.what();
+    }
+    return r;
+  }
+
+  // After a go verdict: the step every rank resumes from (0: start), or the reason none
+  // can (the same on every rank). Throws UsageError/dilocox::Error.
+  std::int64_t agreed_start(const std::vector<json>& reports) {
+    bool any_files = false;
+    int removed = 0;
+    std::vector<std::int64_t> common;
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      const auto& c = reports[r].at("checkpoint");
+      any_files = any_files || c.at("files").get<bool>();
+      removed += c.at("removed_tmp").get<int>();
+      const auto steps = c.at("intact").get<std::vector<std::int64_t>>();
+      if (r == 0) common = steps;
+      std::erase_if(common, [&](std::int64_t s) { return std::find(steps.begin(), steps.end(), s) == steps.end(); });
+    }
+    if (removed > 0 && rank_ == 0)
+      std::fprintf(stderr, "dilocox-train: removed %d temporary file(s) of a save cut short in %s\n", removed,
+                   o_.checkpoint_dir.c_str());
+    if (!o_.resume) return 0;
+    if (!any_files) {
+      if (rank_ == 0)
+        std::fprintf(stderr, "dilocox-train: no checkpoint in %s, starting at step 0\n", o_.checkpoint_dir.c_str());
+      return 0;
+    }
+    if (!common.empty()) return *std::max_element(common.begin(), common.end());
+    std::string who;
+    for (std::size_t r = 0; r < reports.size(); ++r) {
+      const auto steps = reports[r].at("checkpoint").at("intact").get<std::vector<std::int64_t>>();
+      std::string list;
+      for (auto s : steps) list += (list.empty() ? "" : ", ") + std::to_string(s);
+      who += (who.empty() ? "" : "; ") + detail::who(reports, static_cast<int>(r)) + ": " +
+             (steps.empty() ? (reports[r]["checkpoint"]["files"].get<bool>() ? "all refused" : "none") : "steps " + list);
+    }
+    throw dilocox::Error("no intact checkpoint for every rank in " + o_.checkpoint_dir + " at a common step (" + who + ")");
+  }
+
+  int train(std::int64_t start);
+
+ private:
+  std::string where() const {
+    if (world_size_ == 1) return "";
+    return "stage " + std::to_string(stage_) + (o_.clusters > 1 ? ", replica " + std::to_string(replica_) : "");
+  }
+
+  void check_inputs_or_throw() {
     const fs::path data(o_.data_dir);
     for (const char* f : {"train.bin", "val.bin"})
       if (!fs::exists(data / f))
         throw UsageError((data / f).string() + " not found: run scripts/prepare_data.sh (or pass --data-dir)");
-    const TokenShard train = read_token_shard((data / "train.bin").string());
-    const TokenShard val = read_token_shard((data / "val.bin").string());
-    shape_ = resolve_shape(o_, std::max(train.vocab, val.vocab), world_size_);
-    const int K = o_.clusters, S = shape_.stages;
-    const SyncOptions sync_opts = resolve_sync(o_);
-    const auto [fault_step, fault_replica] = parse_fault(o_.inject_nan);
-    replica_ = rank_ / S;
-    const int stage = rank_ % S;
-    const std::int64_t step_tokens = shape_.tokens_per_step() * K;  // all clusters together
-    const std::int64_t total_steps = (o_.tokens + step_tokens - 1) / step_tokens;
-    const BatchSampler train_sampler(train, shape_.seq_len, o_.seed, /*stream=*/replica_);
-    const BatchSampler val_sampler(val, shape_.seq_len, o_.seed, 0);
-
-    if (shape_.backend.device == Device::cuda) {  // one GPU per rank: the node-local rank's, unless --gpu
-      MPI_Comm node;
-      MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
-      int local = 0;
-      MPI_Comm_rank(node, &local);
-      MPI_Comm_free(&node);
-      shape_.backend.gpu = o_.gpu >= 0 ? o_.gpu : local;
+    try {
+      train_data_ = read_token_shard((data / "train.bin").string());
+      val_data_ = read_token_shard((data / "val.bin").string());
+    } catch (const dilocox::Error& e) {
+      throw UsageError(e.what());
     }
-    MPI_Comm cluster, stage_comm;
-    MPI_Comm_split(world_, replica_, stage, &cluster);
-    MPI_Comm_split(world_, stage, replica_, &stage_comm);
-    const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
-    StageLink link(cluster, pipeline_slots(shape_.schedule, S, stage, shape_.micro_batches), act);
-    cpu::set_threads(o_.threads);
-    StageTrainer trainer(shape_, o_.adamw, link, o_.seed);
-    prefix_ = "stage" + std::to_string(stage) + "of" + std::to_string(S) +
-              (K > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(K) : "");
-    auto& model = trainer.model();
-    // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop
-    // modes it is pulled once per round, after the local steps, for end_round (and the
-    // dump), and pushed after the round writes it: so between rounds, where begin_round,
-    // evaluation and finish read it, host and device agree.
-    const auto* wte = model.tied_embedding();
-    std::optional<ClusterSync> sync;
-    if (K > 1) {
-      sync.emplace(sync_opts, stage_comm, model, /*sync_tied=*/stage == 0, /*resuming=*/o_.resume);
-      if (sync->per_step())
-        trainer.set_gradient_hook([&](std::span<float> g, bool finite) { return sync->average_gradients(g, finite); });
+    char fp[80];
+    std::snprintf(fp, sizeof fp, "train %016llx, val %016llx",
+                  static_cast<unsigned long long>(dilocox::checksum64(std::as_bytes(std::span(train_data_.tokens)))),
+                  static_cast<unsigned long long>(dilocox::checksum64(std::as_bytes(std::span(val_data_.tokens)))));
+    data_fingerprint_ = fp;
+    shape_ = resolve_shape(o_, std::max(train_data_.vocab, val_data_.vocab), world_size_);
+    sync_opts_ = resolve_sync(o_);
+    step_tokens_ = shape_.tokens_per_step() * o_.clusters;  // all clusters together
+    total_steps_ = (o_.tokens + step_tokens_ - 1) / step_tokens_;
+    fault_ = parse_fault(o_.inject_nan, o_.clusters, total_steps_);
+    try {
+      train_sampler_.emplace(train_data_, shape_.seq_len, o_.seed, /*stream=*/replica_);
+      val_sampler_.emplace(val_data_, shape_.seq_len, o_.seed, 0);
+    } catch (const dilocox::Error& e) {
+      throw UsageError(e.what());
     }
-    const bool rounds = sync && !sync->per_step();
-    std::optional<PseudoGradientDump> dump;
     if (!o_.dump_pseudo_gradients.empty()) {
-      if (!rounds) throw UsageError("--dump-pseudo-gradients needs --clusters > 1 and an outer-loop --sync");
-      if (sync_opts.fragments != 1) throw UsageError("--dump-pseudo-gradients needs --fragments 1");
-      if (replica_ == 0) dump.emplace(o_.dump_pseudo_gradients, stage);
+      if (o_.clusters == 1 || sync_mode(o_.sync).per_step)
+        throw UsageError("--dump-pseudo-gradients needs --clusters > 1 and an outer-loop --sync");
+      if (o_.fragments != 1) throw UsageError("--dump-pseudo-gradients needs --fragments 1");
     }
-    std::uint64_t dump_index = 0;
-
-    sync_ = sync ? &*sync : nullptr;
-    std::int64_t start = 0;
-    if (o_.resume) start = resume(trainer, total_steps);
-    std::int64_t last_checkpoint = start;
-    std::ofstream metrics;
-    if (rank_ == 0 && !o_.metrics.empty()) {
-      metrics.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
-      if (!metrics) throw UsageError("cannot write --metrics " + o_.metrics);
-    }
-    ProgressLine progress(rank_ == 0 && !o_.quiet, total_steps);
-    if (rank_ == 0 && !o_.quiet)
-      progress.note("dilocox-train: " + shape_.model.name + ", " + std::to_string(shape_.model.params()) +
-                    " parameters, " + std::to_string(K) + " cluster(s) x " + std::to_string(S) + " stage(s), " +
-                    std::to_string(total_steps) + " steps of " + std::to_string(step_tokens) + " tokens" +
-                    (sync ? ", sync " + o_.sync + ": " + sync->describe() : "") +
-                    (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
-    if (rank_ == 0 && !o_.quiet && sync && !sync->treatment().empty())
-      progress.note("dilocox-train: stage 0: " + sync->treatment());
-
-    double train_seconds = 0, last_eval = std::numeric_limits<double>::quiet_NaN();
-    std::int64_t step = start, trained_here = 0;
-    bool interrupted = false, skipped_since_sync = false;
-    int mismatched_syncs = 0;
-    // Evaluates the global model: in the outer-loop modes theta (identical on every
-    // replica), swapped in for the evaluation; otherwise the parameters as they are.
-    std::vector<float> saved;
-    auto evaluate = [&](std::int64_t at) {
-      if (rounds) {
-        saved.assign(model.params().begin(), model.params().end());
-        sync->load_global();
-        if (wte && S > 1) link.copy_tied(model.param(*wte));
-        model.push_params();
-      }
-      last_eval = trainer.evaluate(val_sampler, static_cast<std::size_t>(o_.eval_sequences));
-      if (rounds) {
-        std::copy(saved.begin(), saved.end(), model.params().begin());
-        model.push_params();
-      }
-      if (metrics.is_open())
-        metrics << json{{"type", "eval"}, {"step", at}, {"tokens", at * step_tokens}, {"eval_loss", last_eval},
-                        {"seconds", now_seconds() - t_start}}.dump()
-                << '\n' << std::flush;
-      char buf[96];
-      std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at), last_eval);
-      if (rank_ == 0) progress.note(buf);
-    };
-    // The last stage's copy of the tied embedding follows the first stage's after the first
-    // stage synced: every stage of the cluster learns it from one flag (their schedules differ).
-    auto refresh_tied = [&](bool first_stage_synced) {
-      if (!wte || S == 1) return;
-      int flag = first_stage_synced ? 1 : 0;
-      MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MAX, cluster);
-      if (flag) link.copy_tied(model.param(*wte));
-    };
-    // Whether to stop now (a signal on any rank, or --stop-after): every rank agrees.
-    auto should_stop = [&] {
-      int flags[2] = {g_stop_signal.load(), o_.stop_after > 0 && trained_here >= o_.stop_after ? 1 : 0};
-      MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, world_);
-      const int sig = flags[0];
-      if ((sig == 0 && flags[1] == 0) || step >= total_steps) return false;
-      if (rank_ == 0)
-        progress.note(sig != 0 ? std::string("dilocox-train: ") + (sig == SIGTERM ? "SIGTERM" : "SIGINT") +
-                                     " at step " + std::to_string(step) +
-                                     (o_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "")
-                               : "dilocox-train: --stop-after " + std::to_string(o_.stop_after) + " reached");
-      return true;
-    };
-    install_signal_handlers();
-    if (dump) dump->begin_round(model);
-    while (step < total_steps && !interrupted) {
-      if (fault_step == step + 1 && fault_replica == replica_) trainer.inject_nan_next_step();
-      const double t0 = now_seconds();
-      const StepStats st = trainer.train_step(step, total_steps, train_sampler);
-      if (sync) sync->count_dense_step();
-      ++step;
-      ++trained_here;
-      skipped_since_sync = skipped_since_sync || st.skipped;
-      // The outer loop, after every inner step: a sync when this step ends a fragment's turn.
-      if (rounds) {
-        const bool due = sync->next_step_syncs();
-        if (due) {
-          model.pull_params();
-          // A replica that had to skip a step for a non-finite gradient sits the sync out:
-          // the protocol leaves it out on every replica, reports it, and it restarts from theta.
-          if (skipped_since_sync) sync->drop_next_sync();
-          skipped_since_sync = false;
-          if (dump) dump->write(dump_index++, model);
-        }
-        const auto stats = sync->after_step();
-        if (due) {
-          refresh_tied(stage == 0);
-          model.push_params();
-          if (dump) dump->begin_round(model);
-        } else {
-          refresh_tied(false);
-        }
-        for (const auto& rs : stats) sync_event(rs, step, step_tokens, metrics, progress, mismatched_syncs, *sync);
-      }
-      train_seconds += now_seconds() - t0;
-      const double tps = static_cast<double>(trained_here * step_tokens) / train_seconds;
-      if (metrics.is_open()) {
-        json line{{"type", "step"}, {"step", step}, {"tokens", step * step_tokens}, {"loss", st.loss},
-                  {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
-                  {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start}};
-        if (sync && sync->per_step()) line["contributors"] = st.contributors;
-        metrics << line.dump() << '\n' << std::flush;
-      }
-      if (st.skipped && rank_ == 0)
-        progress.note("step " + std::to_string(step) + ": non-finite gradient, update skipped");
-      if (sync && sync->per_step() && st.contributors < K && rank_ == 0)
-        progress.note("step " + std::to_string(step) + ": " + std::to_string(K - st.contributors) +
-                      " replica(s) with a non-finite gradient left out of the average");
-      progress.step(step, st.loss, tps,
-                    static_cast<double>(total_steps - step) * train_seconds / static_cast<double>(trained_here));
-      if (o_.eval_every > 0 && step % o_.eval_every == 0 && step < total_steps) evaluate(step);
-      if (o_.checkpoint_every > 0 && step - last_checkpoint >= o_.checkpoint_every && step < total_steps) {
-        save(trainer, step, total_steps, progress);
-        last_checkpoint = step;
-      }
-      interrupted = should_stop();
-    }
-    if (rounds && !interrupted) {
-      const auto stats = sync->finish();
-      refresh_tied(true);
-      model.push_params();
-      for (const auto& rs : stats) sync_event(rs, step, step_tokens, metrics, progress, mismatched_syncs, *sync);
-    }
-    if (!interrupted) evaluate(step);
-    if (!o_.checkpoint_dir.empty()) save(trainer, step, total_steps, progress);
-    progress.finish();
-
-    // The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
-    json summary{{"model", shape_.model.name},
-                 {"params", shape_.model.params()},
-                 {"clusters", K},
-                 {"stages", S},
-                 {"steps", step},
-                 {"tokens", step * step_tokens},
-                 {"final_eval_loss", interrupted ? json(nullptr) : json(last_eval)},
-                 {"tokens_per_second",
-                  static_cast<double>(trained_here * step_tokens) / std::max(train_seconds, 1e-9)},
-                 {"wall_seconds", now_seconds() - t_start},
-                 {"interrupted", interrupted}};
-    if (sync) {
-      const double wire = sum_over(world_, static_cast<double>(sync->wire_bytes()));
-      const double dense = sum_over(world_, static_cast<double>(sync->dense_bytes()));
-      const double comm = sum_over(world_, sync->per_step() ? sync->link_seconds() : sync->comm_seconds());
-      const double hidden = sum_over(world_, sync->hidden_seconds());
-      const double rank_sum = sum_over(world_, sync->last_rank());
-      int bad = mismatched_syncs;
-      MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world_);
-      summary["sync"] = o_.sync;
-      summary["wire_bytes"] = wire;
-      summary["dense_bytes"] = dense;
-      summary["compression_ratio"] = wire > 0 ? dense / wire : 0.0;
-      summary["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
-      summary["final_rank"] = rank_sum / world_size_;
-      summary["final_local_steps"] = rounds ? sync->local_steps() : 1;
-      summary["syncs"] = sync->syncs();
-      summary["dropped_syncs"] = sync->dropped_syncs();
-      summary["replicas_identical"] = bad == 0;
-    }
-    sync_ = nullptr;
-    sync.reset();
-    MPI_Comm_free(&stage_comm);
-    MPI_Comm_free(&cluster);
-    if (rank_ == 0) {
-      std::printf("%s\n", summary.dump().c_str());
-      std::fflush(stdout);
-    }
-    return 0;
+    prefix_ = "stage" + std::to_string(stage_) + "of" + std::to_string(o_.stages) +
+              (o_.clusters > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(o_.clusters) : "");
+    if (rank_ == 0 && !o_.metrics.empty() && !std::ofstream(o_.metrics, std::ios::app))
+      throw UsageError("cannot write --metrics " + o_.metrics);
+    if (!o_.checkpoint_dir.empty()) check_checkpoints();
   }
 
- private:
-  void sync_event(const dilocox::SyncStats& rs, std::int64_t step, std::int64_t step_tokens, std::ofstream& metrics,
-                  ProgressLine& progress, int& mismatched, ClusterSync& sync) {
-    const bool agree = sync.replicas_agree();
-    if (!agree) ++mismatched;
-    if (metrics.is_open()) {
-      json dropped = json::array();
-      for (const auto& d : rs.dropped) dropped.push_back({{"replica", d.replica}, {"tensor", d.tensor}});
-      metrics << json{{"type", "sync"}, {"sync", rs.sync}, {"round", rs.round}, {"fragment", rs.fragment},
-                      {"step", step}, {"tokens", step * step_tokens}, {"low_rank", rs.low_rank},
-                      {"local_steps", rs.local_steps}, {"steps", rs.steps}, {"wire_bytes", rs.wire_bytes},
-                      {"fp32_sync_bytes", rs.fp32_sync_bytes}, {"allreduce_step_bytes", rs.allreduce_step_bytes},
-                      {"ratio_vs_fp32_sync", rs.ratio_vs_fp32_sync},
-                      {"ratio_vs_allreduce_steps", rs.ratio_vs_allreduce_steps}, {"comm_seconds", rs.comm_seconds},
-                      {"wait_seconds", rs.wait_seconds}, {"contributors", rs.contributors}, {"dropped", dropped},
-                      {"replicas_identical", agree}}
-                     .dump()
-              << '\n' << std::flush;
+  // The folder takes a test write; stale temporaries go; a fresh run refuses a folder
+  // that holds checkpoints; --resume verifies this rank's files, newest first, and
+  // refuses another layout or a checkpoint whose outcome flags differ from this run's.
+  void check_checkpoints() {
+    const fs::path dir(o_.checkpoint_dir);
+    try {
+      probe_checkpoint_dir(dir, prefix_);
+    } catch (const dilocox::Error& e) {
+      throw UsageError(e.what());
     }
-    for (const auto& d : rs.dropped)
-      if (rank_ == 0)
-        progress.note("sync " + std::to_string(rs.sync) + ": replica " + std::to_string(d.replica) +
-                      " dropped (non-finite " + d.tensor + ")");
-  }
-
-  void save(StageTrainer& trainer, std::int64_t step, std::int64_t total_steps, ProgressLine& progress) {
-    Checkpoint c;
-    trainer.save(c);
-    if (sync_) {
-      const auto state = sync_->save_state();
-      c.put("cluster_sync", std::span<const std::byte>(state));
-    }
-    c.put_text("meta", run_meta(shape_, o_, step, total_steps).dump());
-    fs::create_directories(o_.checkpoint_dir);
-    const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step);
-    c.write_atomically(path);
-    MPI_Barrier(world_);  // every rank's file is complete before older ones go
-    const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
-    for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, steps[i]));
-    if (rank_ == 0) progress.note("checkpoint: step " + std::to_string(step) + " -> " + path.string());
-  }
-
-  // Loads the newest checkpoint every rank has intact; returns its step (0: none).
-  std::int64_t resume(StageTrainer& trainer, std::int64_t total_steps) {
-    std::int64_t mine = -1;  // -1: no file at all; -2: files, none intact
-    std::optional<Checkpoint> loaded;
-    const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
-    for (auto s : steps) {
+    removed_tmp_ = remove_stale_temporaries(dir, prefix_);
+    own_steps_ = list_checkpoints(dir, prefix_);
+    const auto layouts = checkpoint_layouts(dir);
+    std::string others;
+    for (const auto& p : layouts)
+      if (layout_of(p) != layout_of(prefix_)) others = layout_of(p) + " (" + p + "-step*.ckpt)";
+    if (!o_.resume && !layouts.empty())
+      throw UsageError("--checkpoint-dir " + o_.checkpoint_dir + " already holds checkpoints (" +
+                       (own_steps_.empty() ? "of " + others : "this run's, newest step " + std::to_string(own_steps_[0])) +
+                       "): pass --resume to continue that run, or choose another folder");
+    if (!o_.resume) return;
+    if (own_steps_.empty() && !others.empty())
+      throw UsageError("--resume: " + o_.checkpoint_dir + " holds checkpoints of " + others + ", not of this run's " +
+                       layout_of(prefix_) + ": resume with that layout, or start in another folder");
+    for (auto s : own_steps_) {
+      const auto path = checkpoint_path(dir, prefix_, s);
       try {
-        loaded = Checkpoint::read(checkpoint_path(o_.checkpoint_dir, prefix_, s));
-        mine = s;
-        break;
+        auto c = Checkpoint::read(path);
+        if (!loaded_) {
+          check_resumable(c, s);
+          loaded_ = std::move(c);
+          loaded_step_ = s;
+        }
+        intact_steps_.push_back(s);
       } catch (const dilocox::Error& e) {
-        std::fprintf(stderr, "dilocox-train: %s; trying an older one\n", e.what());
+        std::fprintf(stderr, "dilocox-train: %s%s; trying an older one\n",
+                     world_size_ > 1 ? (describe_rank(rank_, o_.stages, world_size_) + ": ").c_str() : "", e.what());
       }
     }
-    if (mine == -1 && !steps.empty()) mine = -2;
-    std::int64_t lo = mine, hi = mine;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_INT64_T, MPI_MIN, world_);
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_INT64_T, MPI_MAX, world_);
-    if (hi == -1) {
-      if (rank_ == 0) std::fprintf(stderr, "dilocox-train: no checkpoint in %s, starting at step 0\n", o_.checkpoint_dir.c_str());
-      return 0;
-    }
-    if (lo < 0)
-      throw dilocox::Error("no intact checkpoint for every rank in " + o_.checkpoint_dir + " (" + prefix_ +
-                           (mine == -2 ? ": all refused" : ": none") + ")");
-    const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, lo).string();
-    if (mine != lo) loaded = Checkpoint::read(path);  // another rank is behind: use the common step
-    check_compatible(json::parse(loaded->get_text("meta")), run_meta(shape_, o_, lo, total_steps), path);
-    trainer.load(*loaded);
-    if (sync_) {
-      const std::string state = loaded->get_text("cluster_sync");
-      sync_->load_state(std::as_bytes(std::span<const char>(state.data(), state.size())));
-    }
-    return lo;
   }
+
+  // Throws UsageError naming every outcome flag whose value differs from the checkpoint's
+  // (the same words on every rank, so a refusal prints once).
+  void check_resumable(const Checkpoint& c, std::int64_t step) {
+    const json saved = json::parse(c.get_text("meta"));
+    const json now = run_meta(0, false, 0);
+    const std::string differ = saved.contains("flags") ? describe_resume_mismatches(saved["flags"], now["flags"])
+                                                       : legacy_mismatch(saved, now);
+    if (!differ.empty())
+      throw UsageError("--resume: the checkpoint at step " + std::to_string(step) + " in " + o_.checkpoint_dir +
+                       " is from a run with other flags that change the outcome: " + differ +
+                       " (pass the checkpoint's values, or start in another folder)");
+  }
+
+  json run_meta(std::int64_t step, bool finished, double final_eval) const {
+    json flags = flag_values(o_, /*outcome_only=*/true);
+    flags["data"] = data_fingerprint_;
+    json m{{"step", step},
+           {"total_steps", total_steps_},
+           {"model",
+            {{"layers", shape_.model.n_layer},
+             {"embd", shape_.model.n_embd},
+             {"heads", shape_.model.n_head},
+             {"vocab", shape_.model.vocab},
+             {"max_seq", shape_.model.max_seq},
+             {"ffn", shape_.model.ffn_hidden()}}},
+           {"stages", shape_.stages},
+           {"clusters", o_.clusters},
+           {"sync", o_.clusters > 1 ? o_.sync : "none"},
+           {"batch", shape_.batch},
+           {"micro_batches", shape_.micro_batches},
+           {"seq_len", shape_.seq_len},
+           {"seed", o_.seed},
+           {"flags", flags},
+           {"finished", finished}};
+    if (finished) m["final_eval_loss"] = final_eval;
+    return m;
+  }
+
+  void at(Activity a, std::int64_t step) {
+    if (watchdog_) watchdog_->at(a, step);
+  }
+
+  void build();
+  void load(std::int64_t start);
+  void open_metrics(std::int64_t start);
+  void train_loop();
+  std::string checkpoint_plan() const;
+  void after_rounds_step(bool& skipped_since_sync);
+  void log_step(const StepStats& st);
+  StepFlags agree_after_step(const StepStats& st);
+  void evaluate(std::int64_t at);
+  void refresh_tied(bool first_stage_synced);
+  void maybe_note_grace();
+  void save(bool finished);
+  int finish();
+  json summary();
+  void sync_event(const dilocox::SyncStats& rs);
 
   TrainOptions o_;
   MPI_Comm world_;
-  int rank_ = 0, world_size_ = 1, replica_ = 0;
+  Watchdog* watchdog_;
+  int rank_ = 0, world_size_ = 1, replica_ = 0, stage_ = 0;
+  // Checked inputs.
+  TokenShard train_data_, val_data_;
+  std::string data_fingerprint_;
   TrainShape shape_;
+  SyncOptions sync_opts_;
+  std::int64_t step_tokens_ = 0, total_steps_ = 0;
+  std::pair<std::int64_t, int> fault_{-1, -1};
+  std::optional<BatchSampler> train_sampler_, val_sampler_;
   std::string prefix_;
-  ClusterSync* sync_ = nullptr;
+  std::vector<std::int64_t> own_steps_, intact_steps_;
+  int removed_tmp_ = 0;
+  std::optional<Checkpoint> loaded_;
+  std::int64_t loaded_step_ = -1;
+  // Built after the agreement.
+  MPI_Comm cluster_ = MPI_COMM_NULL, stage_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<StageLink> link_;
+  std::unique_ptr<StageTrainer> trainer_;
+  std::optional<ClusterSync> sync_;
+  std::optional<PseudoGradientDump> dump_;
+  std::uint64_t dump_index_ = 0;
+  const ParamTensor* wte_ = nullptr;
+  bool rounds_ = false;
+  std::ofstream metrics_;
+  std::unique_ptr<ProgressLine> progress_;
+  std::vector<float> saved_params_;
+  // The run's progress.
+  double t_start_ = now_seconds(), train_seconds_ = 0, last_eval_ = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t step_ = 0, trained_here_ = 0, last_checkpoint_ = -1;
+  double last_save_time_ = now_seconds(), last_save_seconds_ = 0, last_step_seconds_ = 0;
+  bool interrupted_ = false, diverged_ = false, finished_before_ = false, grace_noted_ = false;
+  int stop_signal_ = 0, nonfinite_streak_ = 0, mismatched_syncs_ = 0;
 };
+
+// ---------------------------------------------------------------------------------
+// Build and load
+// ---------------------------------------------------------------------------------
+
+void Run::build() {
+  const int S = shape_.stages;
+  if (shape_.backend.device == Device::cuda) {  // one GPU per rank: the node-local rank's, unless --gpu
+    MPI_Comm node;
+    MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    int local = 0;
+    MPI_Comm_rank(node, &local);
+    MPI_Comm_free(&node);
+    shape_.backend.gpu = o_.gpu >= 0 ? o_.gpu : local;
+  }
+  MPI_Comm_split(world_, replica_, stage_, &cluster_);
+  MPI_Comm_split(world_, stage_, replica_, &stage_comm_);
+  const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
+  link_ = std::make_unique<StageLink>(cluster_, pipeline_slots(shape_.schedule, S, stage_, shape_.micro_batches), act);
+  cpu::set_threads(o_.threads);
+  trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, o_.seed);
+  auto& model = trainer_->model();
+  // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop
+  // modes it is pulled once per round, after the local steps, for end_round (and the
+  // dump), and pushed after the round writes it: so between rounds, where begin_round,
+  // evaluation and finish read it, host and device agree.
+  wte_ = model.tied_embedding();
+  if (o_.clusters > 1) {
+    sync_.emplace(sync_opts_, stage_comm_, model, /*sync_tied=*/stage_ == 0, /*resuming=*/step_ > 0);
+    if (sync_->per_step())
+      trainer_->set_gradient_hook([this](std::span<float> g, bool finite) { return sync_->average_gradients(g, finite); });
+  }
+  rounds_ = sync_ && !sync_->per_step();
+  if (!o_.dump_pseudo_gradients.empty() && replica_ == 0) dump_.emplace(o_.dump_pseudo_gradients, stage_);
+}
+
+// Loads the agreed step's checkpoint (read again when this rank's newest is another) and
+// drops this rank's checkpoints after it: they are not common to every rank.
+void Run::load(std::int64_t start) {
+  at(Activity::loading, start);
+  const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, start);
+  if (loaded_step_ != start) {
+    loaded_ = Checkpoint::read(path);
+    check_resumable(*loaded_, start);
+  }
+  const json meta = json::parse(loaded_->get_text("meta"));
+  finished_before_ = meta.value("finished", false);
+  if (finished_before_) last_eval_ = meta.value("final_eval_loss", std::numeric_limits<double>::quiet_NaN());
+  trainer_->load(*loaded_);
+  if (sync_) {
+    const std::string state = loaded_->get_text("cluster_sync");
+    sync_->load_state(std::as_bytes(std::span<const char>(state.data(), state.size())));
+  }
+  loaded_.reset();
+  for (auto s : own_steps_)
+    if (s > start) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, s));
+  last_checkpoint_ = start;
+}
+
+void Run::open_metrics(std::int64_t start) {
+  if (rank_ != 0 || o_.metrics.empty()) return;
+  if (start > 0 && !finished_before_) {
+    const auto dropped = cut_metrics_after(o_.metrics, start);
+    if (dropped > 0)
+      std::fprintf(stderr, "dilocox-train: %s: dropped %zu line(s) logged after step %lld by the interrupted run\n",
+                   o_.metrics.c_str(), dropped, static_cast<long long>(start));
+  }
+  metrics_.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
+  if (!metrics_) throw dilocox::Error("cannot write --metrics " + o_.metrics);
+}
+
+// ---------------------------------------------------------------------------------
+// Training
+// ---------------------------------------------------------------------------------
+
+int Run::train(std::int64_t start) {
+  step_ = start;
+  build();
+  if (start > 0) load(start);
+  open_metrics(start);
+  progress_ = std::make_unique<ProgressLine>(rank_ == 0 && !o_.quiet, total_steps_);
+  const int K = o_.clusters, S = shape_.stages;
+  if (rank_ == 0 && !o_.quiet)
+    progress_->note("dilocox-train: " + shape_.model.name + ", " + std::to_string(shape_.model.params()) +
+                    " parameters, " + std::to_string(K) + " cluster(s) x " + std::to_string(S) + " stage(s), " +
+                    std::to_string(total_steps_) + " steps of " + std::to_string(step_tokens_) + " tokens" +
+                    (sync_ ? ", sync " + o_.sync + ": " + sync_->describe() : "") +
+                    (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
+  if (rank_ == 0 && !o_.quiet && sync_ && !sync_->treatment().empty())
+    progress_->note("dilocox-train: stage 0: " + sync_->treatment());
+  if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
+  install_stop_signals();
+  if (finished_before_) {
+    if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
+  } else {
+    train_loop();
+  }
+  return finish();
+}
+
+// Where and when this run saves, for the start banner: an operator knows before the
+// first step what a stop or a kill will cost.
+std::string Run::checkpoint_plan() const {
+  if (o_.checkpoint_dir.empty())
+    return "no --checkpoint-dir: nothing is saved, a stop or a kill loses the run";
+  char minutes[32];
+  std::snprintf(minutes, sizeof minutes, "%g", o_.checkpoint_minutes);
+  std::string when;
+  if (o_.checkpoint_every > 0) when += "every " + std::to_string(o_.checkpoint_every) + " steps, ";
+  if (o_.checkpoint_minutes > 0) when += "every " + std::string(minutes) + " minutes, ";
+  return "checkpoints in " + o_.checkpoint_dir + ": " + when +
+         "on SIGTERM, SIGINT or SIGUSR1 (README: stopping a run) and at the end";
+}
+
+void Run::train_loop() {
+  auto& model = trainer_->model();
+  bool skipped_since_sync = false;
+  if (dump_) dump_->begin_round(model);
+  while (step_ < total_steps_) {
+    at(Activity::training, step_);
+    if (fault_.first == step_ + 1 && fault_.second == replica_) trainer_->inject_nan_next_step();
+    const double t0 = now_seconds();
+    const StepStats st = trainer_->train_step(step_, total_steps_, *train_sampler_);
+    if (sync_) sync_->count_dense_step();
+    ++step_;
+    ++trained_here_;
+    skipped_since_sync = skipped_since_sync || st.skipped;
+    if (rounds_) after_rounds_step(skipped_since_sync);
+    last_step_seconds_ = now_seconds() - t0;
+    train_seconds_ += last_step_seconds_;
+    log_step(st);
+    const StepFlags f = agree_after_step(st);
+    nonfinite_streak_ = f.nonfinite ? nonfinite_streak_ + 1 : 0;
+    if (nonfinite_streak_ >= o_.max_nonfinite_steps) {
+      diverged_ = true;
+      return;
+    }
+    if ((f.signal != 0 || f.stop_after) && step_ < total_steps_) {
+      interrupted_ = true;
+      stop_signal_ = f.signal;
+      if (rank_ == 0)
+        progress_->note(f.signal != 0 ? "dilocox-train: " + signal_name(f.signal) + " at step " + std::to_string(step_) +
+                                            (o_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "")
+                                      : "dilocox-train: --stop-after " + std::to_string(o_.stop_after) + " reached");
+      return;
+    }
+    if (o_.eval_every > 0 && step_ % o_.eval_every == 0 && step_ < total_steps_) evaluate(step_);
+    const bool due = (o_.checkpoint_every > 0 && step_ - std::max<std::int64_t>(last_checkpoint_, 0) >= o_.checkpoint_every) ||
+                     f.time_due;
+    if (!o_.checkpoint_dir.empty() && due && step_ < total_steps_) {
+      if (nonfinite_streak_ == 0)
+        save(false);
+      else if (rank_ == 0)
+        progress_->note("dilocox-train: no checkpoint at step " + std::to_string(step_) + ": the loss is not finite");
+    }
+    maybe_note_grace();
+  }
+}
+
+// The outer loop, after every inner step: a sync when this step ends a fragment's turn.
+void Run::after_rounds_step(bool& skipped_since_sync) {
+  auto& model = trainer_->model();
+  const bool due = sync_->next_step_syncs();
+  if (due) {
+    model.pull_params();
+    // A replica that had to skip a step for a non-finite gradient sits the sync out:
+    // the protocol leaves it out on every replica, reports it, and it restarts from theta.
+    if (skipped_since_sync) sync_->drop_next_sync();
+    skipped_since_sync = false;
+    if (dump_) dump_->write(dump_index_++, model);
+  }
+  const auto stats = sync_->after_step();
+  if (due) {
+    refresh_tied(stage_ == 0);
+    model.push_params();
+    if (dump_) dump_->begin_round(model);
+  } else {
+    refresh_tied(false);
+  }
+  for (const auto& rs : stats) sync_event(rs);
+}
+
+void Run::log_step(const StepStats& st) {
+  const int K = o_.clusters;
+  const double tps = static_cast<double>(trained_here_ * step_tokens_) / train_seconds_;
+  if (metrics_.is_open()) {
+    json line{{"type", "step"}, {"step", step_}, {"tokens", step_ * step_tokens_}, {"loss", st.loss},
+              {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
+              {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start_}};
+    if (sync_ && sync_->per_step()) line["contributors"] = st.contributors;
+    metrics_ << line.dump() << '\n' << std::flush;
+  }
+  if (st.skipped && rank_ == 0)
+    progress_->note("step " + std::to_string(step_) + ": non-finite gradient, update skipped");
+  if (sync_ && sync_->per_step() && st.contributors < K && rank_ == 0)
+    progress_->note("step " + std::to_string(step_) + ": " + std::to_string(K - st.contributors) +
+                    " replica(s) with a non-finite gradient left out of the average");
+  progress_->step(step_, st.loss, tps,
+                  static_cast<double>(total_steps_ - step_) * train_seconds_ / static_cast<double>(trained_here_));
+}
+
+// One allreduce over every rank after every step: stop signals, --stop-after, the
+// checkpoint clock and non-finite losses. Each rank's clock only adds a vote.
+StepFlags Run::agree_after_step(const StepStats& st) {
+  const bool time_due = !o_.checkpoint_dir.empty() && o_.checkpoint_minutes > 0 &&
+                        now_seconds() - last_save_time_ >= 60.0 * o_.checkpoint_minutes;
+  int v[4] = {pending_stop_signal(), o_.stop_after > 0 && trained_here_ >= o_.stop_after ? 1 : 0, time_due ? 1 : 0,
+              std::isfinite(st.loss) ? 0 : 1};
+  MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, world_);
+  return {v[0], v[1] != 0, v[2] != 0, v[3] != 0};
+}
+
+// Evaluates the global model: in the outer-loop modes theta (identical on every
+// replica), swapped in for the evaluation; otherwise the parameters as they are.
+void Run::evaluate(std::int64_t at_step) {
+  at(Activity::evaluating, at_step);
+  auto& model = trainer_->model();
+  if (rounds_) {
+    saved_params_.assign(model.params().begin(), model.params().end());
+    sync_->load_global();
+    if (wte_ && shape_.stages > 1) link_->copy_tied(model.param(*wte_));
+    model.push_params();
+  }
+  last_eval_ = trainer_->evaluate(*val_sampler_, static_cast<std::size_t>(o_.eval_sequences));
+  if (rounds_) {
+    std::copy(saved_params_.begin(), saved_params_.end(), model.params().begin());
+    model.push_params();
+  }
+  if (metrics_.is_open())
+    metrics_ << json{{"type", "eval"}, {"step", at_step}, {"tokens", at_step * step_tokens_}, {"eval_loss", last_eval_},
+                     {"seconds", now_seconds() - t_start_}}.dump()
+             << '\n' << std::flush;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at_step), last_eval_);
+  if (rank_ == 0) progress_->note(buf);
+}
+
+// The last stage's copy of the tied embedding follows the first stage's after the first
+// stage synced: every stage of the cluster learns it from one flag (their schedules differ).
+void Run::refresh_tied(bool first_stage_synced) {
+  if (!wte_ || shape_.stages == 1) return;
+  int flag = first_stage_synced ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &flag, 1, MPI_INT, MPI_MAX, cluster_);
+  if (flag) link_->copy_tied(trainer_->model().param(*wte_));
+}
+
+// Rank 0, once: when mpirun's SIGTERM-to-SIGKILL grace is shorter than a step plus a
+// checkpoint, a Ctrl-C or SIGTERM to mpirun keeps only the last checkpoint before it.
+void Run::maybe_note_grace() {
+  const double grace = launcher_kill_grace();
+  if (grace_noted_ || rank_ != 0 || o_.quiet || grace <= 0 || o_.checkpoint_dir.empty() || trained_here_ < 2) return;
+  const double need = last_step_seconds_ + last_save_seconds_;
+  if (need < 0.5 * grace) return;
+  grace_noted_ = true;
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "dilocox-train: note: mpirun leaves the ranks %g s between SIGTERM and SIGKILL "
+                "(odls_base_sigkill_timeout) and a step plus a checkpoint take %.1f s here: a Ctrl-C or SIGTERM to "
+                "mpirun may keep only the last periodic checkpoint. Stop with `kill -USR1 <mpirun pid>`, or launch "
+                "with `mpirun --mca odls_base_sigkill_timeout %d`",
+                grace, need, static_cast<int>(std::ceil(4 * need)) + 5);
+  progress_->note(buf);
+}
+
+void Run::sync_event(const dilocox::SyncStats& rs) {
+  const bool agree = sync_->replicas_agree();
+  if (!agree) ++mismatched_syncs_;
+  if (metrics_.is_open()) {
+    json dropped = json::array();
+    for (const auto& d : rs.dropped) dropped.push_back({{"replica", d.replica}, {"tensor", d.tensor}});
+    metrics_ << json{{"type", "sync"}, {"sync", rs.sync}, {"round", rs.round}, {"fragment", rs.fragment},
+                     {"step", step_}, {"tokens", step_ * step_tokens_}, {"low_rank", rs.low_rank},
+                     {"local_steps", rs.local_steps}, {"steps", rs.steps}, {"wire_bytes", rs.wire_bytes},
+                     {"fp32_sync_bytes", rs.fp32_sync_bytes}, {"allreduce_step_bytes", rs.allreduce_step_bytes},
+                     {"ratio_vs_fp32_sync", rs.ratio_vs_fp32_sync},
+                     {"ratio_vs_allreduce_steps", rs.ratio_vs_allreduce_steps}, {"comm_seconds", rs.comm_seconds},
+                     {"wait_seconds", rs.wait_seconds}, {"contributors", rs.contributors}, {"dropped", dropped},
+                     {"replicas_identical", agree}}
+                    .dump()
+             << '\n' << std::flush;
+  }
+  for (const auto& d : rs.dropped)
+    if (rank_ == 0)
+      progress_->note("sync " + std::to_string(rs.sync) + ": replica " + std::to_string(d.replica) +
+                      " dropped (non-finite " + d.tensor + ")");
+}
+
+// ---------------------------------------------------------------------------------
+// Checkpoints and the end
+// ---------------------------------------------------------------------------------
+
+// Every rank writes its file; after a barrier (every file complete) the older ones go.
+void Run::save(bool finished) {
+  at(Activity::checkpointing, step_);
+  const double t0 = now_seconds();
+  Checkpoint c;
+  trainer_->save(c);
+  if (sync_) {
+    const auto state = sync_->save_state();
+    c.put("cluster_sync", std::span<const std::byte>(state));
+  }
+  c.put_text("meta", run_meta(step_, finished, last_eval_).dump());
+  const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step_);
+  c.write_atomically(path);
+  MPI_Barrier(world_);
+  const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
+  for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, steps[i]));
+  last_checkpoint_ = step_;
+  last_save_time_ = now_seconds();
+  last_save_seconds_ = last_save_time_ - t0;
+  if (rank_ == 0) progress_->note("checkpoint: step " + std::to_string(step_) + " -> " + path.string());
+}
+
+// After the loop: the final round and evaluation (unless stopped early), the last
+// checkpoint (never of a diverged model), the summary. Returns the exit code.
+int Run::finish() {
+  at(Activity::finishing, step_);
+  const bool finished = !interrupted_ && !diverged_ && !finished_before_;
+  if (finished && rounds_) {
+    const auto stats = sync_->finish();
+    refresh_tied(true);
+    trainer_->model().push_params();
+    for (const auto& rs : stats) sync_event(rs);
+  }
+  if (finished) evaluate(step_);
+  const bool bad_eval = finished && !std::isfinite(last_eval_);
+  const bool save_now = !o_.checkpoint_dir.empty() && !diverged_ && !bad_eval && !finished_before_ &&
+                        last_checkpoint_ != step_;
+  if (save_now && nonfinite_streak_ == 0)
+    save(finished);
+  else if (save_now && rank_ == 0)
+    progress_->note("dilocox-train: no checkpoint at step " + std::to_string(step_) + ": the loss is not finite");
+  progress_->finish();
+  const json s = summary();
+  if (rank_ == 0) {
+    if (diverged_)
+      std::fprintf(stderr,
+                   "dilocox-train: the loss was NaN/Inf on some replica for %d consecutive steps (to step %lld): the "
+                   "run diverged; no checkpoint written (lower --lr, check the data; --max-nonfinite-steps)\n",
+                   nonfinite_streak_, static_cast<long long>(step_));
+    if (bad_eval)
+      std::fprintf(stderr, "dilocox-train: the final evaluation loss is %s: the run diverged; no checkpoint written\n",
+                   std::isnan(last_eval_) ? "NaN" : "infinite");
+    if (interrupted_ && stop_signal_ != 0 && o_.checkpoint_dir.empty())
+      std::fprintf(stderr, "dilocox-train: stopped by %s at step %lld without --checkpoint-dir: the work is lost\n",
+                   signal_name(stop_signal_).c_str(), static_cast<long long>(step_));
+    std::printf("%s\n", s.dump().c_str());
+    std::fflush(stdout);
+  }
+  if (sync_) sync_.reset();
+  MPI_Comm_free(&stage_comm_);
+  MPI_Comm_free(&cluster_);
+  if (diverged_ || bad_eval) return 1;
+  return interrupted_ && o_.checkpoint_dir.empty() ? 1 : 0;
+}
+
+// The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
+json Run::summary() {
+  const int K = o_.clusters;
+  json s{{"model", shape_.model.name},
+         {"params", shape_.model.params()},
+         {"clusters", K},
+         {"stages", shape_.stages},
+         {"steps", step_},
+         {"tokens", step_ * step_tokens_},
+         {"final_eval_loss", interrupted_ || diverged_ || !std::isfinite(last_eval_) ? json(nullptr) : json(last_eval_)},
+         {"tokens_per_second", static_cast<double>(trained_here_ * step_tokens_) / std::max(train_seconds_, 1e-9)},
+         {"wall_seconds", now_seconds() - t_start_},
+         {"interrupted", interrupted_},
+         {"diverged", diverged_ || (!interrupted_ && !std::isfinite(last_eval_))},
+         {"checkpoint_step", last_checkpoint_ >= 0 && !o_.checkpoint_dir.empty() ? json(last_checkpoint_) : json(nullptr)}};
+  if (sync_) {
+    const double wire = sum_over(world_, static_cast<double>(sync_->wire_bytes()));
+    const double dense = sum_over(world_, static_cast<double>(sync_->dense_bytes()));
+    const double comm = sum_over(world_, sync_->per_step() ? sync_->link_seconds() : sync_->comm_seconds());
+    const double hidden = sum_over(world_, sync_->hidden_seconds());
+    const double rank_sum = sum_over(world_, sync_->last_rank());
+    int bad = mismatched_syncs_;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world_);
+    s["sync"] = o_.sync;
+    s["wire_bytes"] = wire;
+    s["dense_bytes"] = dense;
+    s["compression_ratio"] = wire > 0 ? dense / wire : 0.0;
+    s["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
+    s["final_rank"] = rank_sum / world_size_;
+    s["final_local_steps"] = rounds_ ? sync_->local_steps() : 1;
+    s["syncs"] = sync_->syncs();
+    s["dropped_syncs"] = sync_->dropped_syncs();
+    s["replicas_identical"] = bad == 0;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------
+// main: parse, watchdog, agree, run
+// ---------------------------------------------------------------------------------
+
+// This rank's start-agreement report when its flags did not parse (or asked for --help).
+json unparsed_report(const ParseExit& e) {
+  json r{{"parsed", false}, {"code", e.code}, {"help", e.code == 0}};
+  if (e.code != 0) r["message"] = e.text;
+  return r;
+}
+
+// Prints the verdict's lines on rank 0 ("dilocox-train: " + line).
+void print_verdict(const Verdict& v, int rank) {
+  if (rank != 0) return;
+  for (const auto& line : v.lines) std::fprintf(stderr, "dilocox-train: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+// After a go: the step to start from, decided from the reports alike on every rank, so
+// a refusal is printed once (rank 0) and every rank returns its code.
+std::variant<std::int64_t, int> start_step(Run& run, const std::vector<json>& reports, int rank) {
+  try {
+    return run.agreed_start(reports);
+  } catch (const UsageError& e) {
+    if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());
+    return 1;
+  }
+}
+
+// Trains (or plans). An error on one rank from here on ends every rank: it prints its
+// message with its rank, stage and replica, and MPI_Abort takes the others down.
+int run_agreed(const TrainOptions& o, Run& run, std::int64_t start, int rank, int size) {
+  try {
+    if (o.plan) return rank == 0 ? run_plan(o) : 0;
+    return run.train(start);
+  } catch (const UsageError& e) {
+    if (size == 1 || o.plan) {
+      if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());
+      return 2;
+    }
+    std::fprintf(stderr, "dilocox-train: %s: %s\n", describe_rank(rank, o.stages, size).c_str(), e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);  // the others would wait for this rank forever
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dilocox-train: %s: %s\n", describe_rank(rank, size > 1 ? o.stages : 0, size).c_str(),
+                 e.what());
+    std::fflush(stderr);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  return 1;
+}
 
 }  // namespace
 
@@ -529,26 +909,40 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   auto parsed = parse_train_options(argc, argv);
-  if (auto* code = std::get_if<int>(&parsed)) {
-    MPI_Finalize();
-    return *code;
+  const auto* o = std::get_if<TrainOptions>(&parsed);
+  std::optional<Watchdog> watchdog;  // its thread calls MPI beside the training's: MPI_THREAD_MULTIPLE
+  if (size > 1 && provided < MPI_THREAD_MULTIPLE && rank == 0)
+    std::fprintf(stderr, "dilocox-train: note: this MPI library does not provide MPI_THREAD_MULTIPLE: no watchdog, "
+                         "a rank that stops answering will hang the others\n");
+  if (size > 1 && provided >= MPI_THREAD_MULTIPLE)
+    watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout, o ? o->stages : 0);
+  std::optional<Run> run;
+  json report;
+  if (const auto missing = unclassified_flags(); !missing.empty()) {
+    report = {{"parsed", false}, {"code", 1},
+              {"message", "internal: flag " + missing.front() + " has no row in reference_trainer/run_fingerprint.hpp"}};
+  } else if (o) {
+    if (watchdog) watchdog->at(Activity::agreeing, 0);
+    run.emplace(*o, MPI_COMM_WORLD, watchdog ? &*watchdog : nullptr);
+    report = run->check_inputs();
+  } else {
+    report = unparsed_report(std::get<ParseExit>(parsed));
   }
-  int rc = 0;
-  try {
-    if (std::get<TrainOptions>(parsed).plan) {
-      rc = rank == 0 ? run_plan(std::get<TrainOptions>(parsed)) : 0;
-      MPI_Finalize();
-      return rc;
-    }
-    rc = Run(std::get<TrainOptions>(parsed), MPI_COMM_WORLD).main();
-  } catch (const UsageError& e) {
-    if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());
-    rc = 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "dilocox-train: rank %d: %s\n", rank, e.what());
-    if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);  // the other stages would wait forever
-    rc = 1;
+  const auto reports = gather_reports(MPI_COMM_WORLD, report);
+  const Verdict verdict = judge(reports);
+  int rc = verdict.code;
+  if (verdict.stop) {
+    print_verdict(verdict, rank);
+    if (rank == 0 && !o && std::get<ParseExit>(parsed).code == 0) std::printf("%s", std::get<ParseExit>(parsed).text.c_str());
+  } else if (o->plan) {
+    rc = run_agreed(*o, *run, 0, rank, size);
+  } else {
+    const auto start = start_step(*run, reports, rank);
+    rc = std::holds_alternative<int>(start) ? std::get<int>(start)
+                                            : run_agreed(*o, *run, std::get<std::int64_t>(start), rank, size);
   }
+  run.reset();
+  if (watchdog) watchdog->stop();
   MPI_Finalize();
   return rc;
 }

@@ -1,6 +1,9 @@
 // reference_trainer/train_options.hpp: the command line of dilocox-train (CLI11) and
-// its checks. parse_train_options returns the options, or an exit code: 0 after
-// --help, 2 after a bad flag (with a one-line message on stderr).
+// its checks. parse_train_options returns the options, or what to print and the exit
+// code: 0 after --help (the help text), 2 after a bad flag (a one-line message). It
+// prints nothing itself: under mpirun the ranks agree first (run_agreement.hpp) and
+// rank 0 prints. Which flags must match across ranks and on --resume:
+// run_fingerprint.hpp, which must classify every flag defined here.
 #pragma once
 
 #include "model/adamw.hpp"
@@ -8,13 +11,19 @@
 #include "pipeline/schedule.hpp"
 #include "sync_modes.hpp"
 
+#include <dilocox/comm/cost.hpp>
+
 #include <CLI/CLI.hpp>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <variant>
+#include <vector>
 
 namespace dilocox::trainer {
 
@@ -36,12 +45,16 @@ struct TrainOptions {
   std::string data_dir = "data/brown";
   std::string metrics;
   std::string checkpoint_dir;
-  int checkpoint_every = 0;         // 0: only at the end and on SIGINT/SIGTERM
+  int checkpoint_every = 0;         // 0: only by time, at the end and on a stop signal
+  double checkpoint_minutes = 10;   // wall-clock minutes between checkpoints (with --checkpoint-dir; 0: off):
+                                    //   what a SIGKILL can cost at most
   bool resume = false;
   std::int64_t stop_after = 0;      // 0: run to the end of the budget; N: stop (and checkpoint) after N steps
   int eval_every = 50;
   int eval_sequences = 128;
   bool quiet = false;
+  double collective_timeout = 60;   // seconds of silence before a rank is declared lost (watchdog.hpp)
+  int max_nonfinite_steps = 10;     // consecutive steps with a NaN/Inf loss (any replica) that end the run
   // Across clusters: K replicas x S stages = mpirun -np K*S; modes in sync_modes.hpp.
   int clusters = 1;
   std::string sync = "dilocox";
@@ -75,11 +88,18 @@ inline std::vector<std::string> sync_mode_names_vector() {
   return v;
 }
 
+// Parse-time limits of the emulated link: below 1 kbit/s one sync of `tiny` takes
+// minutes; over 60 s of latency per hop is no network this trainer can be used on.
+inline constexpr double min_link_bits_per_second = 1e3;
+inline constexpr double max_link_latency_seconds = 60;
+
 namespace detail {
-// CLI11's PositiveNumber prints its whole range (up to 1.8e308); these say it in words.
-inline CLI::Validator number_above(double lo, bool inclusive) {
+// CLI11's PositiveNumber prints its whole range (up to 1.8e308) and its Range lets NaN
+// through; these refuse NaN and infinities and say the range in words. hi: the largest
+// value (FLT_MAX for float options, so 1e39 is refused instead of becoming inf).
+inline CLI::Validator number_in(double lo, bool inclusive, double hi = DBL_MAX) {
   return CLI::Validator(
-      [lo, inclusive](std::string& s) -> std::string {
+      [lo, inclusive, hi](std::string& s) -> std::string {
         double v = 0;
         try {
           std::size_t used = 0;
@@ -88,19 +108,48 @@ inline CLI::Validator number_above(double lo, bool inclusive) {
         } catch (const std::exception&) {
           return "'" + s + "' is not a number";
         }
+        if (!std::isfinite(v)) return "must be a finite number, got " + s;
+        if (v > hi) return "must be at most " + CLI::detail::to_string(hi) + ", got " + s;
         if (inclusive ? v >= lo : v > lo) return {};
         return "must be " + std::string(inclusive ? ">= " : "> ") + CLI::detail::to_string(lo) + ", got " + s;
       },
       inclusive ? "NONNEGATIVE" : "POSITIVE");
 }
-inline const CLI::Validator positive = number_above(0, false);
-inline const CLI::Validator non_negative = number_above(0, true);
+inline const CLI::Validator positive = number_in(0, false);
+inline const CLI::Validator non_negative = number_in(0, true);
+inline const CLI::Validator positive_float = number_in(0, false, FLT_MAX);
+inline const CLI::Validator non_negative_float = number_in(0, true, FLT_MAX);
+
+// --wan-bandwidth and --wan-latency: readable and inside the limits above.
+inline void check_link(const std::string& bandwidth, const std::string& latency) {
+  double bps = 0, seconds = 0;
+  try {
+    bps = parse_bits_per_second(bandwidth);
+  } catch (const Error& e) {
+    throw CLI::ValidationError("--wan-bandwidth: " + std::string(e.what()));
+  }
+  try {
+    seconds = parse_seconds(latency);
+  } catch (const Error& e) {
+    throw CLI::ValidationError("--wan-latency: " + std::string(e.what()));
+  }
+  if (bps < min_link_bits_per_second)
+    throw CLI::ValidationError("--wan-bandwidth " + bandwidth + " is below 1kbps: one sync would take minutes or hours");
+  if (seconds > max_link_latency_seconds)
+    throw CLI::ValidationError("--wan-latency " + latency + " is over 60s per hop");
+}
 }  // namespace detail
 
-// Returns the options, or the exit code when the program should stop now.
-inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv) {
-  TrainOptions o;
-  CLI::App app{"dilocox-train: the dilocox reference GPT trainer (CPU, Eigen; MPI pipeline stages)"};
+// What parse_train_options returns when the program should stop now: exit code 0 and
+// the help text (stdout), or 2 and a one-line message (stderr, after "dilocox-train: ").
+struct ParseExit {
+  int code = 2;
+  std::string text;
+};
+
+// Defines every flag of dilocox-train on app, bound to o; returns the --overlap option
+// (whether it was given decides between the flag and the mode's default).
+inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   app.add_option("--model", o.model, "preset: tiny, small, medium (opt-1.3b, qwen1.5-107b: shapes for planning)")
       ->capture_default_str()->check(CLI::IsMember(gpt_preset_names()));
@@ -130,20 +179,24 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   app.add_option("--gpu", o.gpu, "CUDA device of this rank, modulo the device count (default: the rank's index on its node)")
       ->check(CLI::Range(0, 1023));
   app.add_option("--lr", o.adamw.lr, "peak AdamW learning rate")->capture_default_str()
-      ->check(detail::positive);
+      ->check(detail::positive_float);
   app.add_option("--warmup", o.adamw.warmup_steps, "linear warmup steps")->capture_default_str()
       ->check(detail::non_negative);
   app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (matrices)")
-      ->capture_default_str()->check(detail::non_negative);
+      ->capture_default_str()->check(detail::non_negative_float);
   app.add_option("--grad-clip", o.adamw.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str()
-      ->check(detail::non_negative);
+      ->check(detail::non_negative_float);
   app.add_option("--seed", o.seed, "initialization and data-order seed")->capture_default_str();
   app.add_option("--data-dir", o.data_dir, "train.bin and val.bin from scripts/prepare_data.sh")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics, "append one JSON object per step and per evaluation (rank 0)");
   app.add_option("--checkpoint-dir", o.checkpoint_dir, "where checkpoints go (one file per rank)");
-  app.add_option("--checkpoint-every", o.checkpoint_every, "steps between checkpoints (0: at the end only)")
+  app.add_option("--checkpoint-every", o.checkpoint_every,
+                 "steps between checkpoints (0: by --checkpoint-minutes, at the end and on a stop signal)")
       ->capture_default_str()->check(detail::non_negative);
+  app.add_option("--checkpoint-minutes", o.checkpoint_minutes,
+                 "minutes of wall clock between checkpoints, the most a SIGKILL can cost (0: off)")
+      ->capture_default_str()->check(detail::number_in(0, true, 1e6));
   app.add_flag("--resume", o.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
   app.add_option("--stop-after", o.stop_after,
                  "end this invocation after N steps, with a checkpoint; --resume continues (job time limits)")
@@ -153,6 +206,12 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
   app.add_option("--eval-sequences", o.eval_sequences, "validation sequences per evaluation")
       ->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_flag("--quiet", o.quiet, "no progress line");
+  app.add_option("--collective-timeout", o.collective_timeout,
+                 "seconds a rank may go unheard (heartbeats each second) before every rank ends the run naming it")
+      ->capture_default_str()->check(detail::number_in(2, true, 86400));
+  app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
+                 "end the run (exit 1) after this many consecutive steps with a NaN/Inf loss on any replica")
+      ->capture_default_str()->check(CLI::Range(1, 1000000));
   auto* g = "Across clusters";
   app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x stages)")
       ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
@@ -178,15 +237,16 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
       ->capture_default_str()->check(CLI::Range(1, 4096))->group(g);
   app.add_option("--rebase", o.rebase, "after an overlapped sync: keep | overwrite | blend")->capture_default_str()
       ->check(CLI::IsMember({"keep", "overwrite", "blend"}))->group(g);
-  app.add_option("--outer-lr", o.outer_lr, "outer learning rate (default: the mode's)")->check(detail::positive)->group(g);
+  app.add_option("--outer-lr", o.outer_lr, "outer learning rate (default: the mode's)")
+      ->check(detail::positive_float)->group(g);
   app.add_option("--outer-momentum", o.outer_momentum, "outer Nesterov momentum (default: the mode's)")
-      ->check(CLI::Range(0.0, 0.999))->group(g);
+      ->check(detail::number_in(0, true, 0.999))->group(g);
   app.add_option("--step-seconds", o.step_seconds,
                  "modelled seconds of one inner step: H never drops below what hides a sync on the link (0: no floor)")
       ->capture_default_str()->check(detail::non_negative)->group(g);
-  app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between clusters, e.g. 1Gbps, 20Mbps")
+  app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between clusters, e.g. 1Gbps, 20Mbps (at least 1kbps)")
       ->capture_default_str()->group(g);
-  app.add_option("--wan-latency", o.wan_latency, "emulated latency per hop, e.g. 20ms")->capture_default_str()
+  app.add_option("--wan-latency", o.wan_latency, "emulated latency per hop, e.g. 20ms (at most 60s)")->capture_default_str()
       ->group(g);
   app.add_option("--inject-nan", o.inject_nan, "STEP:REPLICA: that replica's step gets a NaN batch (fault test)")
       ->group(g);
@@ -203,6 +263,25 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
       ->capture_default_str()->check(CLI::Range(0, 4096))->group(p);
   app.add_option("--dump-pseudo-gradients", o.dump_pseudo_gradients,
                  "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
+  return overlap;
+}
+
+// The long name of every flag define_train_options defines ("--lr", ...; "--help" too).
+inline std::vector<std::string> train_flag_names() {
+  TrainOptions o;
+  CLI::App app;
+  define_train_options(app, o);
+  std::vector<std::string> names;
+  for (const auto* opt : app.get_options())
+    if (!opt->get_lnames().empty()) names.push_back("--" + opt->get_lnames().front());
+  return names;
+}
+
+// Returns the options, or what to print and the exit code when the program should stop now.
+inline std::variant<TrainOptions, ParseExit> parse_train_options(int argc, char** argv) {
+  TrainOptions o;
+  CLI::App app{"dilocox-train: the dilocox reference GPT trainer (CPU, Eigen; MPI pipeline stages)"};
+  CLI::Option* overlap = define_train_options(app, o);
   try {
     app.parse(argc, argv);
     o.overlap_given = overlap->count() > 0;
@@ -211,11 +290,13 @@ inline std::variant<TrainOptions, int> parse_train_options(int argc, char** argv
     if (o.resume && o.checkpoint_dir.empty()) throw CLI::ValidationError("--resume needs --checkpoint-dir");
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--checkpoint-every needs --checkpoint-dir");
+    detail::check_link(o.wan_bandwidth, o.wan_latency);
   } catch (const CLI::Success& e) {
-    return app.exit(e);
+    std::ostringstream out, err;
+    app.exit(e, out, err);
+    return ParseExit{0, out.str()};
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "dilocox-train: %s\n", e.what());
-    return 2;
+    return ParseExit{2, e.what()};
   }
   return o;
 }

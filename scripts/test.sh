@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command. Installs what is missing, then builds and runs:
 #   1. the Release build (every CUDA target compiled for sm_90 when nvcc exists; their
-#      `gpu` tests skip without a device) and its tests (unit, threads, MPI, packaging,
-#      trainer, examples),
+#      `gpu` tests skip without a device) and all its tests (unit, threads, MPI, packaging,
+#      trainer with its faults, examples, and the `chaos` label: once, here only),
 #   2. the unit tests under AddressSanitizer + UndefinedBehaviorSanitizer,
 #   3. the threaded tests (communicators, reducers, OuterLoop) under ThreadSanitizer,
 #   4. the libFuzzer wire-decoder target for 60 s, when clang is present.

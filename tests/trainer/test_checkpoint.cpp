@@ -1,6 +1,7 @@
 // Checkpoint files: round trip of named sections; every truncation and any flipped
 // byte refused with a message naming the file; the atomic write leaves no temporary
-// file and replaces the old file whole; listing finds the steps newest first.
+// file and replaces the old file whole; listing finds the steps newest first; the
+// folder's layouts, stale temporaries of one prefix, and the test write.
 #include "checkpoint.hpp"
 
 #include <gtest/gtest.h>
@@ -87,5 +88,39 @@ TEST(Checkpoint, ListsStepsNewestFirstAndReplacesWhole) {
   std::vector<float> back(20);
   Checkpoint::read(checkpoint_path(dir, "stage0of2", 40)).get("params", std::span<float>(back));
   EXPECT_EQ(back, y);
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, ListsLayoutsAndRemovesOnlyThisPrefixsTemporaries) {
+  const auto dir = temp_dir();
+  Checkpoint a;
+  std::vector<float> x(4, 1.0f);
+  a.put("params", std::span<const float>(x));
+  for (const char* p : {"stage0of2-replica0of2", "stage1of2-replica0of2", "stage0of2"})
+    a.write_atomically(checkpoint_path(dir, p, 8));
+  std::ofstream(dir / "stage0of2-replica0of2-step00000010.ckpt.tmp") << "cut";
+  std::ofstream(dir / "stage1of2-replica0of2-step00000010.ckpt.tmp") << "cut";
+  std::ofstream(dir / "notes-stepABC.ckpt") << "junk";
+  EXPECT_EQ(checkpoint_layouts(dir),
+            (std::vector<std::string>{"stage0of2", "stage0of2-replica0of2", "stage1of2-replica0of2"}));
+  EXPECT_EQ(remove_stale_temporaries(dir, "stage0of2-replica0of2"), 1);
+  EXPECT_FALSE(fs::exists(dir / "stage0of2-replica0of2-step00000010.ckpt.tmp"));
+  EXPECT_TRUE(fs::exists(dir / "stage1of2-replica0of2-step00000010.ckpt.tmp"));
+  EXPECT_TRUE(fs::exists(checkpoint_path(dir, "stage0of2-replica0of2", 8)));
+  fs::remove_all(dir);
+}
+
+TEST(Checkpoint, TestWriteNamesAnUnusableFolder) {
+  const auto dir = temp_dir();
+  EXPECT_NO_THROW(probe_checkpoint_dir(dir / "new" / "deeper", "stage0of1"));
+  EXPECT_TRUE(fs::is_directory(dir / "new" / "deeper"));
+  EXPECT_TRUE(fs::is_empty(dir / "new" / "deeper"));  // the test file is gone
+  std::ofstream(dir / "afile") << "x";
+  try {
+    probe_checkpoint_dir(dir / "afile" / "x", "stage0of1");
+    ADD_FAILURE() << "a folder under a file was accepted";
+  } catch (const dilocox::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("afile/x: cannot create the folder"), std::string::npos) << e.what();
+  }
   fs::remove_all(dir);
 }

@@ -1,0 +1,301 @@
+#!/usr/bin/env bash
+# dilocox-train under faults and bad input (issue 13), one case per ctest test:
+#   faults_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
+# CASE: refusals | diverge | resume_refusals | metrics | agreement | watchdog | stop.
+# Multi-rank cases give ranks different flags with a two-part launch (mpirun A : B) and
+# put a deadline on every launch (a hang fails the case instead of the ctest timeout).
+# Each prints what it checks and how long each exit took, and fails on the first mismatch.
+set -euo pipefail
+trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
+case_name=$1 train=$2 shards=$3 work=$4 mpiexec=${5:-}
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+"$shards" data
+fail() { echo "FAIL: $*" >&2; exit 1; }
+field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+tiny=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-every 0 --eval-sequences 8 --quiet)
+# 2 clusters x 2 stages of tiny, as in the issue.
+grid=("${tiny[@]}" --clusters 2 --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3)
+mpi=("${mpiexec:-mpiexec}" --oversubscribe --allow-run-as-root)
+need_mpi() { [[ -n $mpiexec ]] || fail "$case_name needs MPIEXEC"; }
+# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  return 1
+}
+# The pid of world rank $2 among the children of mpirun $1.
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
+  return 0
+}
+wait_lines() {  # wait_lines FILE N: until FILE holds N lines (60 s at most)
+  for _ in $(seq 1 600); do [[ -s $1 && $(wc -l <"$1") -ge $2 ]] && return 0; sleep 0.1; done
+  fail "$1 never reached $2 lines"
+}
+newest_step() { { ls "$1" 2>/dev/null || true; } | sed -n "s/^$2-step0*\([0-9][0-9]*\)\.ckpt\$/\1/p" | sort -n | tail -1; }
+
+# expect_refusal CODE PATTERN CMD...: exits CODE within 20 s, stderr's first line starts
+# "dilocox-train: " and holds PATTERN; a run of one prints exactly one line.
+expect_refusal() {
+  local code=$1 pattern=$2 rc=0 t0
+  shift 2
+  t0=$(now)
+  timeout -k 5 20 "$@" >out.txt 2>err.txt || rc=$?
+  local took
+  took=$(since "$t0")
+  [[ $rc == "$code" ]] || fail "'$*' exited $rc (expected $code) after $took s: $(head -3 err.txt)"
+  if [[ $1 == "$train" && $(wc -l <err.txt) != 1 ]]; then fail "'$*' printed $(wc -l <err.txt) lines: $(cat err.txt)"; fi
+  local line
+  line=$(grep -m1 '^dilocox-train: ' err.txt || true)
+  [[ -n $line ]] || fail "'$*': no 'dilocox-train: ' line: $(head -3 err.txt)"
+  grep -q -- "$pattern" <<<"$line" || fail "'$*': message lacks '$pattern': $line"
+  echo "ok ($took s, exit $rc): ${line#dilocox-train: }"
+}
+
+case $case_name in
+refusals)  # item 6 and 4: bad numbers, faults, links and folders refused at once, one line, exit 2
+  b=("${tiny[@]}" --tokens 1024)
+  expect_refusal 2 'finite' "$train" "${b[@]}" --lr inf
+  expect_refusal 2 'finite' "$train" "${b[@]}" --lr nan
+  expect_refusal 2 'at most' "$train" "${b[@]}" --lr 1e39
+  expect_refusal 2 'finite' "$train" "${b[@]}" --weight-decay inf
+  expect_refusal 2 'finite' "$train" "${b[@]}" --grad-clip inf
+  expect_refusal 2 'finite' "$train" "${b[@]}" --outer-lr inf
+  expect_refusal 2 'finite' "$train" "${b[@]}" --outer-momentum nan
+  expect_refusal 2 'finite' "$train" "${b[@]}" --step-seconds inf
+  expect_refusal 2 'replica 5 does not exist' "$train" "${b[@]}" --inject-nan 7:5
+  expect_refusal 2 'past the run' "$train" "${b[@]}" --inject-nan 9:0
+  expect_refusal 2 'below --rank 8' "$train" "${b[@]}" --max-rank 2 --rank 8
+  expect_refusal 2 'below --local-steps' "$train" "${b[@]}" --max-local-steps 5 --local-steps 20
+  expect_refusal 2 'below 1kbps' "$train" "${b[@]}" --wan-bandwidth 1bps
+  expect_refusal 2 'below 1kbps' "$train" "${b[@]}" --wan-bandwidth 999bps
+  expect_refusal 2 'over 60s' "$train" "${b[@]}" --wan-latency 61s
+  expect_refusal 2 'collective-timeout' "$train" "${b[@]}" --collective-timeout 0
+  expect_refusal 2 'max-nonfinite-steps' "$train" "${b[@]}" --max-nonfinite-steps 0
+  expect_refusal 2 'checkpoint-minutes' "$train" "${b[@]}" --checkpoint-minutes -1
+  # item 4: an unusable --checkpoint-dir is found before the first step, not at the first save
+  touch afile
+  expect_refusal 2 'afile/x: cannot create' "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir afile/x --metrics m.jsonl
+  [[ ! -s m.jsonl ]] || fail "steps were trained before the folder was refused: $(wc -l <m.jsonl) metrics lines"
+  mkdir -p ro && chmod 500 ro
+  if [[ $(id -u) != 0 ]]; then
+    expect_refusal 2 'ro: cannot write' "$train" "${b[@]}" --checkpoint-dir ro
+  fi
+  ;;
+diverge)  # item 6: a run whose loss is NaN/Inf ends with exit 1, keeps its good checkpoints
+  rc=0
+  t0=$(now)
+  "$train" "${tiny[@]}" --tokens 12800 --lr 1e10 --checkpoint-dir ck --checkpoint-every 5 >out.txt 2>err.txt || rc=$?
+  [[ $rc == 1 ]] || fail "--lr 1e10: exit $rc, expected 1: $(cat err.txt)"
+  grep -q 'diverged' err.txt || fail "--lr 1e10: no message: $(cat err.txt)"
+  [[ $(field diverged out.txt) == true && $(field final_eval_loss out.txt) == null ]] || fail "summary: $(cat out.txt)"
+  steps=$(field steps out.txt)
+  [[ $steps -le 15 ]] || fail "--lr 1e10 ran $steps of 100 steps before stopping (10 non-finite steps allowed)"
+  [[ -z $(ls ck) ]] || fail "a diverged model was checkpointed: $(ls ck)"
+  echo "ok ($(since "$t0") s, exit 1 after step $steps of 100, no checkpoint): $(grep diverged err.txt)"
+  # a short run that ends on a NaN evaluation before 10 bad steps: exit 1 too
+  rc=0
+  "$train" "${tiny[@]}" --tokens 1024 --lr 1e10 >out.txt 2>err.txt || rc=$?
+  [[ $rc == 1 ]] || fail "8 steps at --lr 1e10: exit $rc, expected 1"
+  grep -q 'final evaluation loss is' err.txt || fail "no final-evaluation message: $(cat err.txt)"
+  echo "ok (exit 1): $(grep 'final evaluation' err.txt)"
+  # --max-nonfinite-steps 3: stops after the third
+  rc=0
+  "$train" "${tiny[@]}" --tokens 12800 --lr 1e10 --max-nonfinite-steps 3 >out.txt 2>err.txt || rc=$?
+  [[ $rc == 1 && $(field steps out.txt) -le 6 ]] || fail "--max-nonfinite-steps 3: exit $rc, $(field steps out.txt) steps"
+  echo "ok: --max-nonfinite-steps 3 stopped at step $(field steps out.txt)"
+  ;;
+resume_refusals)  # item 5: --resume refuses another layout, model or outcome flag, naming both values
+  base=("${tiny[@]}" --tokens 1536)
+  "$train" "${base[@]}" --checkpoint-dir ck --stop-after 3 >/dev/null
+  expect_refusal 2 'the checkpoint at step 3 in ck is from a run with other flags that change the outcome: --tokens: 1536 in the checkpoint, 2048 now' "$train" "${tiny[@]}" --tokens 2048 --checkpoint-dir ck --resume
+  expect_refusal 2 '--lr: 0.001 in the checkpoint, 0.002 now' "$train" "${base[@]}" --lr 2e-3 --checkpoint-dir ck --resume
+  expect_refusal 2 '--seed: 1 in the checkpoint, 2 now' "$train" "${base[@]}" --seed 2 --checkpoint-dir ck --resume
+  expect_refusal 2 '--layers: 2 in the checkpoint, 3 now' "$train" "${base[@]}" --layers 3 --checkpoint-dir ck --resume
+  expect_refusal 2 '--warmup: 20 in the checkpoint, 5 now' "$train" "${base[@]}" --warmup 5 --checkpoint-dir ck --resume
+  expect_refusal 2 'pass --resume' "$train" "${base[@]}" --checkpoint-dir ck
+  # flags that may change on resume: the run goes on
+  "$train" "${base[@]}" --checkpoint-dir ck --resume --eval-every 4 --checkpoint-every 2 --stop-after 2 >out.txt
+  [[ $(field steps out.txt) == 5 ]] || fail "resume with other eval/checkpoint cadence: $(cat out.txt)"
+  echo "ok: --eval-every, --checkpoint-every, --stop-after may change on resume"
+  # 2 clusters x 1 stage: the sync flags, and the layout
+  two=("${tiny[@]}" --clusters 2 --local-steps 3 --tokens 3072)
+  need_mpi
+  "${mpi[@]}" -n 2 "$train" "${two[@]}" --checkpoint-dir ck2 --stop-after 4 >/dev/null
+  for change in "--bits 8:--bits: 4 in the checkpoint, 8 now" "--local-steps 4:--local-steps: 3 in the checkpoint, 4 now" \
+                "--no-overlap:--overlap: on in the checkpoint, off" "--rank 16:--rank: 8 in the checkpoint, 16 now" \
+                "--rank 4:--rank: 8 in the checkpoint, 4 now" "--sync diloco:--sync: dilocox in the checkpoint, diloco now"; do
+    read -r -a flag <<<"${change%%:*}"
+    expect_refusal 2 "${change#*:}" "${mpi[@]}" -n 2 "$train" "${two[@]}" "${flag[@]}" --checkpoint-dir ck2 --resume
+  done
+  expect_refusal 2 'holds checkpoints of 2 clusters x 1 stage' "$train" "${tiny[@]}" --tokens 3072 --checkpoint-dir ck2 --resume
+  expect_refusal 2 'holds checkpoints of 2 clusters x 1 stage' "${mpi[@]}" -n 2 "$train" "${tiny[@]}" --tokens 3072 --stages 2 \
+    --checkpoint-dir ck2 --resume
+  ;;
+metrics)  # item 6: after a crash and --resume the metrics hold every step once, with the uninterrupted losses
+  run=("${tiny[@]}" --tokens 12800 --checkpoint-dir ck --checkpoint-every 7 --eval-every 10)
+  "$train" "${tiny[@]}" --tokens 12800 --eval-every 10 --metrics straight.jsonl >straight.txt
+  "$train" "${run[@]}" --metrics m.jsonl >/dev/null 2>&1 &
+  pid=$!
+  # Stop it (SIGSTOP) when it has logged steps after its newest checkpoint, then kill -9.
+  for _ in $(seq 1 200); do
+    sleep 0.05
+    kill -STOP $pid
+    logged=$(grep -c '"type":"step"' m.jsonl 2>/dev/null || true)
+    saved=$(newest_step ck stage0of1)
+    [[ -n $saved && $logged -gt $saved ]] && break
+    kill -CONT $pid
+  done
+  kill -9 $pid
+  wait $pid 2>/dev/null || true
+  echo "killed with $logged steps logged, newest checkpoint at step ${saved:-none}"
+  [[ -n $saved && $logged -gt $saved ]] || fail "could not kill between checkpoints"
+  "$train" "${run[@]}" --metrics m.jsonl --resume >resumed.txt 2>err.txt
+  steps=$(grep '"type":"step"' m.jsonl | grep -o '"step":[0-9]*' | cut -d: -f2)
+  [[ $(sort -n <<<"$steps" | uniq -d | wc -l) == 0 ]] || fail "steps logged twice: $(sort -n <<<"$steps" | uniq -d | tr '\n' ' ')"
+  total=$(field steps straight.txt)
+  [[ $(wc -l <<<"$steps") == "$total" && $(sort -n <<<"$steps" | tail -1) == "$total" ]] ||
+    fail "expected steps 1..$total once: $(tr '\n' ' ' <<<"$steps")"
+  diff <(grep '"type":"eval"' straight.jsonl | grep -o '"eval_loss":[^,]*') \
+       <(grep '"type":"eval"' m.jsonl | grep -o '"eval_loss":[^,]*') >/dev/null || fail "eval lines differ"
+  diff <(grep -o '"loss":[^,]*' straight.jsonl) <(grep -o '"loss":[^,]*' m.jsonl) >/dev/null ||
+    fail "losses differ from the uninterrupted run's"
+  echo "ok: $(grep -o 'dropped [0-9]* line(s) logged after step [0-9]*' err.txt || echo 'nothing dropped'); steps 1..$total once each, losses and evals as uninterrupted"
+  ;;
+agreement)  # items 2 and 3: one rank's bad input or different flags end every rank within 10 s, naming it
+  a_extra=()
+  probe() {  # probe PATTERN FLAGS_B...: ranks 0-1 run the grid (+ a_extra), ranks 2-3 the grid with FLAGS_B
+    local pattern=$1 t0 rc=0
+    shift
+    t0=$(now)
+    timeout -k 5 30 "${mpi[@]}" -n 2 "$train" "${grid[@]}" --tokens 6144 "${a_extra[@]}" : \
+      -n 2 "$train" "${grid[@]}" --tokens 6144 "$@" >out.txt 2>err.txt || rc=$?
+    local took
+    took=$(since "$t0")
+    [[ $rc != 0 && $rc != 124 && $rc != 137 ]] || fail "'$*' on replica 1: exit $rc after $took s: $(head -3 err.txt)"
+    awk -v t="$took" 'BEGIN { exit !(t <= 10) }' || fail "'$*' on replica 1: $took s to exit"
+    local line
+    line=$(grep -m1 '^dilocox-train: ' err.txt || true)
+    grep -q -- "$pattern" <<<"$line" || fail "'$*' on replica 1: message lacks '$pattern': $line"
+    echo "ok ($took s, exit $rc): $*: ${line#dilocox-train: }"
+  }
+  need_mpi
+  probe 'rank 2 (stage 0, replica 1): nodata/train.bin not found' --data-dir nodata
+  touch afile
+  a_extra=(--checkpoint-dir ck)
+  probe 'rank 2 (stage 0, replica 1): --checkpoint-dir: afile/x' --checkpoint-dir afile/x
+  a_extra=()
+  probe '--sync: dilocox on ranks 0-1, allreduce on ranks 2-3' --sync allreduce
+  probe '--tokens: 6144 on ranks 0-1, 8192 on ranks 2-3' --tokens 8192
+  probe '--batch: 4 on ranks 0-1, 8 on ranks 2-3' --batch 8
+  probe '--clusters: 2 on ranks 0-1, 1 on ranks 2-3' --clusters 1
+  probe '--lr: 0.003 on ranks 0-1, 0.001 on ranks 2-3' --lr 1e-3
+  probe 'rank 2: The following argument was not expected: --bogus \[also rank 3\]' --bogus
+  ;;
+watchdog)  # no collective waits forever: kill -STOP one rank; the others exit non-zero naming it
+  need_mpi
+  timeout_s=5
+  for victim in 2 0; do
+    rm -f m.jsonl
+    "${mpi[@]}" -n 4 "$train" "${grid[@]}" --tokens 100000000 --collective-timeout $timeout_s --metrics m.jsonl \
+      >out.txt 2>err.txt &
+    pid=$!
+    wait_lines m.jsonl 10
+    sleep 1.5  # a heartbeat or two from the training loop
+    vpid=$(rank_pid $pid $victim)
+    [[ -n $vpid ]] || fail "no pid for rank $victim"
+    t0=$(now)
+    kill -STOP "$vpid"
+    rc=0
+    wait_gone $pid $((timeout_s + 10)) || rc=$?
+    took=$(since "$t0")
+    if [[ $rc != 0 ]]; then
+      kill -9 "$vpid" $pid 2>/dev/null || true
+      fail "rank $victim stopped: the run still hangs after $took s"
+    fi
+    rc=0
+    wait $pid || rc=$?
+    kill -9 "$vpid" 2>/dev/null || true
+    [[ $rc != 0 ]] || fail "rank $victim stopped: exit 0"
+    who="rank $victim (stage $((victim % 2)), replica $((victim / 2))) stopped answering"
+    lines=$(grep -c -- "$who" err.txt || true)
+    [[ $lines == 3 ]] || fail "expected the 3 live ranks to name $who, got $lines lines: $(cat err.txt)"
+    grep -q -- "$who.*last heard at step [1-9][0-9]*, training" err.txt || fail "no step and activity: $(cat err.txt)"
+    echo "ok ($took s, exit $rc, timeout $timeout_s s): $(grep -m1 -- "$who" err.txt)"
+  done
+  ;;
+stop)  # item 1: every way to stop a run keeps the last completed step
+  need_mpi
+  flags=("${grid[@]}" --tokens 100000000 --checkpoint-dir ck --metrics m.jsonl)
+  # stop_with WHAT WANT_RC RESUME: start (or resume), signal once 15 lines are logged, check
+  # the checkpoint holds every step completed before the signal and the summary says so.
+  # term_mpirun_grace: as documented for steps plus a save longer than 1 s, mpirun given
+  # a grace period (it sends SIGTERM after it, then SIGKILL after as long again).
+  stop_with() {
+    local what=$1 want=$2 extra=() launch=("${mpi[@]}") rc=0 t0 logged took saved
+    [[ $3 == resume ]] && extra=(--resume)
+    [[ $what == term_mpirun_grace ]] && launch+=(--mca odls_base_sigkill_timeout 3)
+    rm -f m.jsonl
+    "${launch[@]}" -n 4 "$train" "${flags[@]}" "${extra[@]}" >out.txt 2>err.txt &
+    local pid=$!
+    wait_lines m.jsonl 15
+    logged=$(grep '"type":"step"' m.jsonl | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2)
+    t0=$(now)
+    case $what in
+      usr1_mpirun) kill -USR1 $pid ;;
+      term_mpirun | term_mpirun_grace) kill -TERM $pid ;;
+      term_rank) kill -TERM "$(rank_pid $pid 3)" ;;
+    esac
+    wait_gone $pid 30 || fail "$what: still running after 30 s"
+    wait $pid || rc=$?
+    took=$(since "$t0")
+    [[ $rc == "$want" ]] || fail "$what: mpirun exit $rc, expected $want: $(tail -3 err.txt)"
+    saved=$(newest_step ck stage1of2-replica1of2)
+    [[ -n $saved && $saved -ge $logged ]] || fail "$what: newest checkpoint step ${saved:-none}, step $logged was logged"
+    # (under mpirun's SIGTERM the SIGKILL may come before the summary line: then there is none)
+    if [[ $what != term_mpirun || -s out.txt ]]; then
+      [[ $(field interrupted out.txt) == true && $(field checkpoint_step out.txt) == "$saved" ]] ||
+        fail "$what: summary $(cat out.txt)"
+    fi
+    [[ -z $(ls ck | grep '\.tmp$' || true) ]] || fail "$what: temporary files left: $(ls ck)"
+    echo "ok ($took s to exit, mpirun exit $rc, summary: $([[ -s out.txt ]] && echo yes || echo no)): $what after step" \
+      "$logged was logged -> checkpoint at step $saved"
+  }
+  stop_with usr1_mpirun 0 fresh
+  stop_with term_rank 0 resume
+  stop_with term_mpirun 1 resume
+  stop_with term_mpirun_grace 1 resume
+  # a temporary file of a save cut short is removed at the next start
+  printf 'cut short' >ck/stage0of2-replica0of2-step00000999.ckpt.tmp
+  "${mpi[@]}" -n 4 "$train" "${grid[@]}" --tokens 100000000 --checkpoint-dir ck --resume --stop-after 1 >out.txt 2>err.txt
+  [[ ! -e ck/stage0of2-replica0of2-step00000999.ckpt.tmp ]] || fail "a stale .ckpt.tmp survived the restart"
+  grep -q 'removed 1 temporary file' err.txt || fail "no note about the removed temporary file: $(cat err.txt)"
+  echo "ok: the stale .ckpt.tmp was removed at the restart"
+  # --checkpoint-minutes alone (no --checkpoint-every): saves by the clock, so a kill -9
+  # costs at most that long; the next start resumes from the newest
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ckm --checkpoint-minutes 0.01 >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 1 100); do [[ -n $(newest_step ckm stage0of1) ]] && break; sleep 0.1; done
+  sleep 1
+  kill -9 $pid
+  wait $pid 2>/dev/null || true
+  saved=$(newest_step ckm stage0of1)
+  [[ -n $saved && $saved -gt 0 ]] || fail "--checkpoint-minutes 0.01: no checkpoint after about 2 s: $(ls ckm)"
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ckm --resume --stop-after 1 >out.txt 2>/dev/null
+  [[ $(field steps out.txt) == $((saved + 1)) ]] || fail "resume after kill -9: $(cat out.txt)"
+  echo "ok: --checkpoint-minutes 0.01 alone: kill -9 at about 2 s, resumed from step $saved"
+  # without --checkpoint-dir a stop loses the work: exit 1 and say so
+  "$train" "${tiny[@]}" --tokens 100000000 --metrics solo.jsonl >out.txt 2>err.txt &
+  pid=$!
+  wait_lines solo.jsonl 3
+  kill -INT $pid
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 1 ]] && grep -q 'work is lost' err.txt || fail "SIGINT without --checkpoint-dir: exit $rc, $(cat err.txt)"
+  echo "ok: SIGINT without --checkpoint-dir: exit 1, $(grep 'work is lost' err.txt)"
+  ;;
+*) fail "unknown case $case_name" ;;
+esac
