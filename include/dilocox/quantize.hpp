@@ -154,22 +154,25 @@ DILOCOX_HOST_DEVICE inline int round_nearest(float v) {
   return static_cast<int>(u) - 0x4B400000;
 }
 
-// floor(v + u), u in [0, 1): unbiased stochastic rounding of v. The sum is rounded to
-// float first: at v = qmax it reaches qmax + 1 when u is within half an ulp of 1 (one
-// draw in 2^18 for int8, 2^22 for int4), and the stores below then keep its low byte
-// (int8: -128) or nibble (int4: the code of -8). That is the format as written here,
-// by the AVX2 kernels and by the CUDA kernels alike.
-DILOCOX_HOST_DEVICE inline int round_stochastic(float v, float u) {
+// floor(v + u) for v in [-qmax, qmax] and u in [0, 1): unbiased stochastic rounding of
+// v, clamped to qmax. The sum is rounded to float first: at v = qmax it reaches
+// qmax + 1 when u is within half an ulp of 1 (one draw in 2^18 for int8, 2^22 for
+// int4); for v <= qmax the exact floor(v + u) is at most qmax, so the clamp only
+// undoes that rounding (v = qmax always gives qmax). No lower clamp: v + u >= v >= -qmax,
+// which is a float. The AVX2 and CUDA kernels round the same way.
+DILOCOX_HOST_DEVICE inline int round_stochastic(float v, float u, int qmax) {
   const float w = v + u;
   const int t = static_cast<int>(w);  // toward zero
-  return t - (static_cast<float>(t) > w ? 1 : 0);
+  const int q = t - (static_cast<float>(t) > w ? 1 : 0);
+  return q < qmax ? q : qmax;
 }
 
 // The codes of one block, written in simple loops the compiler vectorizes.
 template <int Bits, bool Stochastic>
 void quantize_block(const float* x, std::size_t len, std::size_t base, const BlockRatio& r,
                     std::uint64_t seed, std::byte* codes) {
-  constexpr float qmax = static_cast<float>(quant_max(Bits));
+  constexpr int iqmax = quant_max(Bits);
+  constexpr float qmax = static_cast<float>(iqmax);
   constexpr std::size_t chunk = 256;
   int q[chunk];  // codes of up to `chunk` elements
   const bool one_key = (base >> 32) == ((base + len) >> 32);
@@ -182,18 +185,19 @@ void quantize_block(const float* x, std::size_t len, std::size_t base, const Blo
     if (r.divide) {  // subnormal scale: rare, scalar is fine
       for (std::size_t i = 0; i < m; ++i) {
         const float v = clamp_ratio(xc[i] / scale, qmax);
-        q[i] = Stochastic ? round_stochastic(v, bits_to_unit(counter_bits(counter_key(seed, i0 + i), i0 + i)))
-                          : round_nearest(v);
+        q[i] = Stochastic
+                   ? round_stochastic(v, bits_to_unit(counter_bits(counter_key(seed, i0 + i), i0 + i)), iqmax)
+                   : round_nearest(v);
       }
     } else if constexpr (!Stochastic) {
       for (std::size_t i = 0; i < m; ++i) q[i] = round_nearest(clamp_ratio(xc[i] * inv, qmax));
     } else if (one_key) {
       for (std::size_t i = 0; i < m; ++i)
-        q[i] = round_stochastic(clamp_ratio(xc[i] * inv, qmax), bits_to_unit(counter_bits(key, i0 + i)));
+        q[i] = round_stochastic(clamp_ratio(xc[i] * inv, qmax), bits_to_unit(counter_bits(key, i0 + i)), iqmax);
     } else {
       for (std::size_t i = 0; i < m; ++i)
         q[i] = round_stochastic(clamp_ratio(xc[i] * inv, qmax),
-                                bits_to_unit(counter_bits(counter_key(seed, i0 + i), i0 + i)));
+                                bits_to_unit(counter_bits(counter_key(seed, i0 + i), i0 + i)), iqmax);
     }
     if constexpr (Bits == 8) {
       auto* out = reinterpret_cast<std::int8_t*>(codes) + c0;

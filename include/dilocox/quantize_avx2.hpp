@@ -66,8 +66,9 @@ DILOCOX_TARGET_AVX2 inline __m256i mix32(__m256i x) {
 
 // Stochastic codes of eight elements: clamp_ratio(x * inv) then round_stochastic with
 // u = bits_to_unit(counter_bits(key, i)); `h` holds i * 0x9e3779b9 + key per lane and
-// moves on by eight elements. The clamp stays before the addition, as in the
-// reference: v + u rounds, and at v = qmax it can round up to qmax + 1.
+// moves on by eight elements. As in the reference, v is clamped before the addition
+// and floor(v + u) after it (v + u rounds, and at v = qmax can reach qmax + 1), so the
+// codes are in [-qmax, qmax].
 template <int Bits>
 DILOCOX_TARGET_AVX2 inline __m256i round_stochastic8(const float* x, __m256 inv, __m256i& h) {
   constexpr float qmax = static_cast<float>(quant_max(Bits));
@@ -76,21 +77,19 @@ DILOCOX_TARGET_AVX2 inline __m256i round_stochastic8(const float* x, __m256 inv,
   const __m256i bits = mix32(h);
   h = _mm256_add_epi32(h, _mm256_set1_epi32(static_cast<int>(8U * 0x9e3779b9U)));
   const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bits, 8)), _mm256_set1_ps(0x1p-24f));
-  // floor(v + u): what round_stochastic's truncation and correction compute.
-  return _mm256_cvttps_epi32(_mm256_round_ps(_mm256_add_ps(v, u), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC));
+  // min(floor(v + u), qmax): what round_stochastic's truncation, correction and clamp compute.
+  const __m256 q = _mm256_round_ps(_mm256_add_ps(v, u), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  return _mm256_cvttps_epi32(_mm256_min_ps(q, _mm256_set1_ps(qmax)));
 }
 
 // Four int32 vectors of int4 codes (32 elements in order) as nibble-pair bytes in
 // int16 lanes, in the order the packs leave them: lane 0 holds the pairs of elements
 // 0-3, 8-11, 16-19, 24-27 and lane 1 those of 4-7, 12-15, ... (pairs stay whole).
-// Nearest codes are clamped; stochastic ones keep the low nibble of q + 8, as the
-// reference's byte fold does.
-template <bool Stochastic>
+// Codes are clamped to [-7, 7] (stochastic ones already are).
 DILOCOX_TARGET_AVX2 inline __m256i nibble_pairs(__m256i a, __m256i b, __m256i c, __m256i d) {
   __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-  if constexpr (!Stochastic) q = _mm256_min_epi8(_mm256_max_epi8(q, _mm256_set1_epi8(-7)), _mm256_set1_epi8(7));
+  q = _mm256_min_epi8(_mm256_max_epi8(q, _mm256_set1_epi8(-7)), _mm256_set1_epi8(7));
   q = _mm256_add_epi8(q, _mm256_set1_epi8(8));
-  if constexpr (Stochastic) q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
   return _mm256_maddubs_epi16(q, _mm256_set1_epi16(0x1001));  // c[2j] + 16 c[2j + 1]
 }
 
@@ -106,51 +105,40 @@ DILOCOX_TARGET_AVX2 inline __m256i ordered_nibbles(__m256i w0, __m256i w1) {
 }
 
 // Stores the int4 codes of 64 elements (eight int32 vectors in element order): 32 bytes.
-template <bool Stochastic>
 DILOCOX_TARGET_AVX2 inline void store_codes64(const __m256i* v, std::byte* dst) {
-  const __m256i w0 = nibble_pairs<Stochastic>(v[0], v[1], v[2], v[3]);
-  const __m256i w1 = nibble_pairs<Stochastic>(v[4], v[5], v[6], v[7]);
+  const __m256i w0 = nibble_pairs(v[0], v[1], v[2], v[3]);
+  const __m256i w1 = nibble_pairs(v[4], v[5], v[6], v[7]);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), ordered_nibbles(w0, w1));
 }
 
-// Stores the codes of 32 elements (int32 lanes a, b, c, d in element order). Nearest
-// codes are clamped here; stochastic codes keep the reference's casts: int8 keeps the
-// low byte, int4 the low nibble of q + 8.
-template <int Bits, bool Stochastic>
+// Stores the codes of 32 elements (int32 lanes a, b, c, d in element order), clamped
+// to [-qmax, qmax] (stochastic codes already are).
+template <int Bits>
 DILOCOX_TARGET_AVX2 inline void store_codes32(__m256i a, __m256i b, __m256i c, __m256i d, std::byte* dst) {
   if constexpr (Bits == 4) {
-    const __m256i w = nibble_pairs<Stochastic>(a, b, c, d);
+    const __m256i w = nibble_pairs(a, b, c, d);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(ordered_nibbles(w, w)));
   } else {
-    __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);  // int16: a0-3 b0-3 | a4-7 b4-7
-    if constexpr (Stochastic) {
-      ab = _mm256_and_si256(ab, _mm256_set1_epi16(0xff));
-      cd = _mm256_and_si256(cd, _mm256_set1_epi16(0xff));
-    }
-    __m256i q = Stochastic ? _mm256_packus_epi16(ab, cd) : _mm256_packs_epi16(ab, cd);
+    const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);  // int16: a0-3 b0-3 | a4-7 b4-7
+    __m256i q = _mm256_packs_epi16(ab, cd);
     q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // element order
-    if constexpr (!Stochastic) q = _mm256_max_epi8(q, _mm256_set1_epi8(-127));
+    q = _mm256_max_epi8(q, _mm256_set1_epi8(-127));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), q);
   }
 }
 
 // store_codes32 for 8 elements (8 bytes of int8, 4 bytes of int4).
-template <int Bits, bool Stochastic>
+template <int Bits>
 DILOCOX_TARGET_AVX2 inline void store_codes8(__m256i a, std::byte* dst) {
   constexpr char qmax = static_cast<char>(quant_max(Bits));
   __m128i q = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));  // int16
-  if constexpr (Bits == 8 && Stochastic) {
-    q = _mm_packus_epi16(_mm_and_si128(q, _mm_set1_epi16(0xff)), q);
-  } else {
-    q = _mm_packs_epi16(q, q);
-  }
-  if constexpr (!Stochastic) q = _mm_max_epi8(q, _mm_set1_epi8(static_cast<char>(-qmax)));
+  q = _mm_packs_epi16(q, q);
+  q = _mm_max_epi8(q, _mm_set1_epi8(static_cast<char>(-qmax)));
   if constexpr (Bits == 8) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), q);
   } else {
-    if constexpr (!Stochastic) q = _mm_min_epi8(q, _mm_set1_epi8(qmax));
+    q = _mm_min_epi8(q, _mm_set1_epi8(qmax));
     q = _mm_add_epi8(q, _mm_set1_epi8(8));
-    if constexpr (Stochastic) q = _mm_and_si128(q, _mm_set1_epi8(0x0f));
     const __m128i w = _mm_maddubs_epi16(q, _mm_set1_epi16(0x1001));
     const auto four = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(w, w)));
     std::memcpy(dst, &four, 4);
@@ -185,16 +173,16 @@ DILOCOX_TARGET_AVX2 inline std::size_t quantize_codes(const float* x, std::size_
     for (; i + 64 <= len; i += 64) {
       __m256i v[8];
       for (int k = 0; k < 8; ++k) v[k] = codes8<Bits, Stochastic>(x + i + 8 * k, s, h);
-      store_codes64<Stochastic>(v, codes + i / 2);
+      store_codes64(v, codes + i / 2);
     }
   }
   for (; i + 32 <= len; i += 32) {
     const __m256i a = codes8<Bits, Stochastic>(x + i, s, h), b = codes8<Bits, Stochastic>(x + i + 8, s, h);
     const __m256i c = codes8<Bits, Stochastic>(x + i + 16, s, h), d = codes8<Bits, Stochastic>(x + i + 24, s, h);
-    store_codes32<Bits, Stochastic>(a, b, c, d, codes + i / per_byte);
+    store_codes32<Bits>(a, b, c, d, codes + i / per_byte);
   }
   for (; i + 8 <= len; i += 8)
-    store_codes8<Bits, Stochastic>(codes8<Bits, Stochastic>(x + i, s, h), codes + i / per_byte);
+    store_codes8<Bits>(codes8<Bits, Stochastic>(x + i, s, h), codes + i / per_byte);
   return i;
 }
 

@@ -16,7 +16,7 @@ __global__ void quantize_helpers(const float* x, int* codes, float* scales, int 
   const dx::detail::BlockRatio r = dx::detail::block_ratio(s);
   const float v = dx::detail::clamp_ratio(r.divide ? x[i] / r.scale : x[i] * r.inv, 7.0f);
   const float u = dx::bits_to_unit(dx::counter_bits(dx::counter_key(7, i), i));
-  codes[i] = dx::detail::round_nearest(v) + dx::detail::round_stochastic(v, u);
+  codes[i] = dx::detail::round_nearest(v) + dx::detail::round_stochastic(v, u, 7);
   scales[i] = s + dx::counter_uniform(3, i) + dx::counter_normal(3, i);
 }
 

@@ -100,6 +100,35 @@ TEST_F(CudaQuantizer, ExtremeMagnitudesIdenticalToHost) {
     }
 }
 
+// Stochastic rounding at v = qmax (x = qmax, scale 1), with a seed where v + u rounds
+// to qmax + 1 for some element: the code is clamped to qmax on the device as on the host.
+TEST_F(CudaQuantizer, StochasticCodesAtQmaxClampedLikeHost) {
+  const std::size_t n = 512;
+  for (int bits : {4, 8}) {
+    const float qmax = static_cast<float>(dx::quant_max(bits));
+    auto decisive = [&](std::uint64_t seed) {
+      for (std::size_t i = 0; i < n; ++i) {
+        const float w = qmax + dx::bits_to_unit(dx::counter_bits(dx::counter_key(seed, i), i));
+        if (std::floor(w) > qmax) return true;
+      }
+      return false;
+    };
+    std::uint64_t seed = 0;
+    while (!decisive(seed)) ASSERT_LT(++seed, std::uint64_t{1} << 24);
+    const std::vector<float> x(n + 1, qmax);
+    const dx::QuantConfig c{.bits = bits, .block = 128, .rounding = dx::Rounding::stochastic, .seed = seed};
+    std::vector<std::byte> host(dx::encoded_size(n, c));
+    std::vector<float> decoded(n);
+    dx::quantize(std::span<const float>(x.data(), n), host, c);
+    dx::dequantize(host, decoded, c);
+    EXPECT_EQ(decoded, std::vector<float>(n, qmax)) << bits << " bits, seed " << seed;
+    for (std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+      SCOPED_TRACE(std::to_string(bits) + " bits, seed " + std::to_string(seed) + ", offset " + std::to_string(offset));
+      expect_same_bytes(x, offset, c, nullptr);
+    }
+  }
+}
+
 TEST_F(CudaQuantizer, NonFiniteElementIsNamed) {
   auto x = normal_data(1000, 3, 1.0f);
   x[700] = std::numeric_limits<float>::infinity();

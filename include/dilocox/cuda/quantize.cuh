@@ -69,7 +69,7 @@ __device__ inline int code_of(float x, const detail::BlockRatio& r, std::uint64_
   constexpr float qmax = static_cast<float>(quant_max(Bits));
   const float v = detail::clamp_ratio(r.divide ? x / r.scale : __fmul_rn(x, r.inv), qmax);
   if constexpr (Stochastic) {
-    return detail::round_stochastic(v, bits_to_unit(counter_bits(counter_key(seed, i), i)));
+    return detail::round_stochastic(v, bits_to_unit(counter_bits(counter_key(seed, i), i)), quant_max(Bits));
   } else {
     return detail::round_nearest(v);
   }
