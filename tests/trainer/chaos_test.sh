@@ -10,30 +10,15 @@
 #   chaos_test.sh TRAIN SHARDS WORKDIR MPIEXEC [FAULTS]
 set -euo pipefail
 trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
+source "$(dirname "$0")/process_helpers.sh"  # before the cd: $0 may be relative
 train=$1 shards=$2 work=$3 mpiexec=$4 faults=${5:-6}
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 "$shards" data
-fail() { echo "FAIL: $*" >&2; exit 1; }
-field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 last_step() { grep '"type":"step"' "$1" 2>/dev/null | tail -1 | grep -o '"step":[0-9]*' | cut -d: -f2 || true; }
-newest_step() { { ls ck 2>/dev/null || true; } | sed -n "s/^$1-step0*\([0-9][0-9]*\)\.ckpt\$/\1/p" | sort -n | tail -1; }
-# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
-wait_gone() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
-  return 1
-}
-rank_pid() {
-  local p
-  for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
-  return 0
-}
 prefixes=(stage0of2-replica0of2 stage1of2-replica0of2 stage0of2-replica1of2 stage1of2-replica1of2)
-# A 3 s grace for mpirun's SIGTERM (as the README recommends): Open MPI's default 1 s is
-# a race a loaded CI machine can lose, and this test checks the saved step strictly.
-mpi=("$mpiexec" --oversubscribe --allow-run-as-root --mca odls_base_sigkill_timeout 3 -n 4)
+# Open MPI's default grace (SIGTERM 1 s after mpirun's, SIGKILL 1 s later): a `tiny` step
+# and its save take milliseconds. (A longer grace would let this short run finish first.)
+mpi=("$mpiexec" --oversubscribe --allow-run-as-root -n 4)
 flags=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-sequences 8 --quiet --clusters 2
        --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3 --tokens 102400 --eval-every 100)
 total=400
@@ -99,10 +84,10 @@ for kind in "${plan[@]}"; do
   rc=0
   wait $pid || rc=$?
   took=$(since "$t0")
-  ckpt=$(newest_step stage0of2-replica0of2)
+  ckpt=$(newest_step ck stage0of2-replica0of2)
   common=$ckpt
   for p in "${prefixes[@]}"; do
-    n=$(newest_step $p)
+    n=$(newest_step ck $p)
     [[ -n $n && -n $common && $n -lt $common ]] && common=$n
     [[ -n $n ]] || common=""
   done

@@ -7,35 +7,19 @@
 # Each prints what it checks and how long each exit took, and fails on the first mismatch.
 set -euo pipefail
 trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
+source "$(dirname "$0")/process_helpers.sh"  # before the cd: $0 may be relative
 case_name=$1 train=$2 shards=$3 work=$4 mpiexec=${5:-}
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 "$shards" data
-fail() { echo "FAIL: $*" >&2; exit 1; }
-field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
-now() { date +%s.%N; }
-since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 tiny=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-every 0 --eval-sequences 8 --quiet)
 # 2 clusters x 2 stages of tiny, as in the issue.
 grid=("${tiny[@]}" --clusters 2 --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3)
 mpi=("${mpiexec:-mpiexec}" --oversubscribe --allow-run-as-root)
 need_mpi() { [[ -n $mpiexec ]] || fail "$case_name needs MPIEXEC"; }
-# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
-wait_gone() {
-  local i
-  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
-  return 1
-}
-# The pid of world rank $2 among the children of mpirun $1.
-rank_pid() {
-  local p
-  for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
-  return 0
-}
 wait_lines() {  # wait_lines FILE N: until FILE holds N lines (60 s at most)
   for _ in $(seq 1 600); do [[ -s $1 && $(wc -l <"$1") -ge $2 ]] && return 0; sleep 0.1; done
   fail "$1 never reached $2 lines"
 }
-newest_step() { { ls "$1" 2>/dev/null || true; } | sed -n "s/^$2-step0*\([0-9][0-9]*\)\.ckpt\$/\1/p" | sort -n | tail -1; }
 
 # expect_refusal CODE PATTERN CMD...: exits CODE within 20 s, stderr's first line starts
 # "dilocox-train: " and holds PATTERN; a run of one prints exactly one line.

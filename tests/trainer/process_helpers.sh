@@ -1,0 +1,22 @@
+# tests/trainer/process_helpers.sh: shell helpers of the fault tests (sourced by
+# faults_test.sh and chaos_test.sh): failing, reading summary fields, timing, waiting for
+# a process, finding a rank's process under mpirun, and the newest checkpoint step.
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# field NAME FILE: the value of "NAME" in the first JSON line of FILE that has it.
+field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+# wait_gone PID SECONDS: until the process is gone (polled every 50 ms); 1 if it is not.
+wait_gone() {
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
+  return 1
+}
+# rank_pid MPIRUN_PID RANK: the pid of that world rank among mpirun's children.
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
+  return 0
+}
+# newest_step DIR PREFIX: the step of the newest complete checkpoint of PREFIX in DIR.
+newest_step() { { ls "$1" 2>/dev/null || true; } | sed -n "s/^$2-step0*\([0-9][0-9]*\)\.ckpt\$/\1/p" | sort -n | tail -1; }
