@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
@@ -109,6 +110,27 @@ inline void decode_add(const PayloadView& v, std::span<float> out) {
       return;
     }
   }
+}
+
+// out = the mean of the payloads that an all-gather left in `gathered` (rank q's at
+// bytes [q p, (q + 1) p)) over the ranks with contributes[q] != 0, added in rank order
+// (the same sum on every rank); `check(q, header)` throws Error on a payload its caller
+// cannot take. Returns how many ranks contributed; out is zero when none did.
+template <class Check>
+int decode_mean(std::span<const std::byte> gathered, std::size_t p, std::span<const std::uint8_t> contributes,
+                std::span<float> out, Check&& check) {
+  std::fill(out.begin(), out.end(), 0.0f);
+  int contributors = 0;
+  for (std::size_t q = 0; q < contributes.size(); ++q) {
+    if (contributes[q] == 0) continue;
+    const PayloadView v = read_payload(gathered.subspan(q * p, p));
+    check(static_cast<int>(q), v.header);
+    decode_add(v, out);
+    ++contributors;
+  }
+  const float inv = contributors != 0 ? 1.0f / static_cast<float>(contributors) : 0.0f;
+  for (float& v : out) v *= inv;
+  return contributors;
 }
 
 // out = what the receivers decode from x under codec c (what this rank transmitted, for

@@ -89,17 +89,14 @@ class CocktailCompressor {
     comm.allgather(send_, recv_);
 
     SyncReport r;
-    mean_.assign(layout_.total(), 0.0f);
-    for (int q = 0; q < k; ++q) {
-      if (!in.contributes[static_cast<std::size_t>(q)]) continue;
-      const PayloadView v = read_payload(std::span<const std::byte>(recv_).subspan(q * p, p));
-      detail::require(v.header.kind == PayloadKind::sparse_quantized && v.header.shape.numel() == layout_.total(),
-                      "CocktailCompressor", "rank " + std::to_string(q) + " sent a payload of another shape");
-      decode_add(v, mean_);
-      ++r.contributors;
-    }
-    const float inv = r.contributors ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
-    for (float& v : mean_) v *= inv;
+    mean_.resize(layout_.total());
+    r.contributors = decode_mean(recv_, p, in.contributes.first(static_cast<std::size_t>(k)), mean_,
+                                 [&](int q, const PayloadHeader& got) {
+                                   detail::require(got.kind == PayloadKind::sparse_quantized &&
+                                                       got.shape.numel() == layout_.total(),
+                                                   "CocktailCompressor",
+                                                   "rank " + std::to_string(q) + " sent a payload of another shape");
+                                 });
     layout_.scatter(mean_, mean);
     if (mine) {
       sent_.assign(layout_.total(), 0.0f);

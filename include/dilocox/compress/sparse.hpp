@@ -91,18 +91,15 @@ class SparseLoCoCompressor {
       auto& e = acc_[in.tensors[j]];
       for (std::size_t i = 0; i < e.size(); ++i) e[i] -= s[i];
     }
-    mean_.assign(flat_.size(), 0.0f);
-    for (int q = 0; q < k; ++q) {
-      if (!in.contributes[static_cast<std::size_t>(q)]) continue;
-      const PayloadView v = read_payload(std::span<const std::byte>(recv_).subspan(q * p, p));
-      detail::require(v.header.kind == h.kind && v.header.shape == h.shape && v.header.nnz == h.nnz &&
-                          v.header.quant == h.quant,
-                      "SparseLoCoCompressor", "rank " + std::to_string(q) + " sent a payload of another shape or code");
-      decode_add(v, mean_);
-      ++r.contributors;
-    }
-    const float inv = r.contributors ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
-    for (float& v : mean_) v *= inv;
+    mean_.resize(flat_.size());
+    r.contributors = decode_mean(recv_, p, in.contributes.first(static_cast<std::size_t>(k)), mean_,
+                                 [&](int q, const PayloadHeader& got) {
+                                   detail::require(got.kind == h.kind && got.shape == h.shape && got.nnz == h.nnz &&
+                                                       got.quant == h.quant,
+                                                   "SparseLoCoCompressor",
+                                                   "rank " + std::to_string(q) +
+                                                       " sent a payload of another shape or code");
+                                 });
     layout_.scatter(mean_, mean);
     // What is owed: beta e, the part of the accumulator that the next sync carries.
     for (std::size_t j = 0; j < in.tensors.size(); ++j) {
