@@ -20,8 +20,11 @@ prefixes=(stage0of2-replica0of2 stage1of2-replica0of2 stage0of2-replica1of2 stag
 # and its save take milliseconds. (A longer grace would let this short run finish first.)
 mpi=("$mpiexec" --oversubscribe --allow-run-as-root -n 4)
 flags=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-sequences 8 --quiet --clusters 2
-       --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3 --tokens 102400 --eval-every 100)
-total=400
+       --stages 2 --micro-batches 2 --local-steps 3 --lr 3e-3 --tokens 409600 --eval-every 400)
+# Long enough for every fault to land before the end: after SIGTERM to mpirun the ranks
+# go on until Open MPI forwards it (~150 steps of `tiny` in 2 s), and an attempt that
+# resumes near the end finishes before its fault.
+total=1600
 
 seed=${DILOCOX_CHAOS_SEED:-$(( $(date +%s) % 100000 ))}
 echo "chaos seed $seed (replay: DILOCOX_CHAOS_SEED=$seed)"
@@ -56,6 +59,10 @@ for kind in "${plan[@]}"; do
   [[ $kind == kill_during_write ]] && every=1
   before=$(last_step m.jsonl)
   before=${before:-0}
+  if [[ $before -ge $((total - 60)) ]]; then  # too few steps left to land a fault
+    echo "stopping the faults at step $before of $total"
+    break
+  fi
   "${mpi[@]}" "$train" "${flags[@]}" --checkpoint-dir ck --checkpoint-every $every --metrics m.jsonl "${resume[@]}" \
     >out.txt 2>err.txt &
   pid=$!
