@@ -445,7 +445,49 @@ TEST_P(KernelsAgree, StochasticCodesNextToQmaxAreClamped) {
   }
 }
 
+// Nearest rounding where x * (1 / scale) lands on or just past +-qmax, or a hair from
+// a tie, at magnitudes from 2^-100 to 2^100: the AVX2 kernel does not clamp (the ratio
+// of |x| <= absmax rounds to at most qmax), so its codes must still be the reference's.
+TEST_P(KernelsAgree, NearestCodesAtTheEndsOfTheRangeAndNearTies) {
+  const int bits = GetParam();
+  const int qmax = dx::quant_max(bits);
+  std::mt19937 gen(31);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const std::size_t n = 4 * 128 + 40;  // whole groups of four blocks and a tail
+  std::vector<float> x(n);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const float absmax = std::ldexp(1.0f + 0.5f * (unit(gen) + 1.0f), static_cast<int>(gen() % 201) - 100);
+    const float step = absmax / static_cast<float>(qmax);
+    for (auto& v : x) {
+      const float sign = (gen() & 1) ? 1.0f : -1.0f;
+      switch (gen() % 4) {
+        case 0: v = sign * absmax; break;
+        case 1: v = sign * std::nextafter(absmax, 0.0f); break;
+        case 2: {  // an ulp either side of (k + 1/2) * step
+          const float tie = (static_cast<float>(gen() % static_cast<unsigned>(qmax)) + 0.5f) * step;
+          v = sign * std::min(absmax, std::nextafter(tie, (gen() & 1) ? absmax : 0.0f));
+          break;
+        }
+        default: v = absmax * unit(gen);
+      }
+    }
+    for (auto f : {dx::ScaleFormat::fp32, dx::ScaleFormat::bf16}) {
+      SCOPED_TRACE("trial " + std::to_string(trial) + " bf16=" + std::to_string(f == dx::ScaleFormat::bf16));
+      const auto c = config(bits, 128, f, dx::Rounding::nearest, 0);
+      const std::vector<float> acc(n, 0.0f);
+      ASSERT_EQ(run_kernel(Kernel::avx2, x, acc, c, 0, 0).bytes, run_kernel(Kernel::portable, x, acc, c, 0, 0).bytes);
+    }
+  }
+}
+
 #if DILOCOX_QUANTIZE_AVX2
+// The AVX2 codes of one block (its helpers inline only into code built for AVX2).
+template <int Bits>
+__attribute__((target("avx2,fma"))) void avx2_stochastic_codes(const float* x, std::size_t len, float inv,
+                                                                std::uint64_t index, std::uint32_t key, std::byte* out) {
+  dx::detail::avx2::quantize_codes<Bits, true>(x, len, inv, index, key, out);
+}
+
 // Element indices past 2^32 (a tensor over 16 GiB, too large for a test): the AVX2
 // codes of one block at such an index against the reference's, called directly.
 TEST_P(KernelsAgree, StochasticCodesAtIndicesPast2To32) {
@@ -460,10 +502,10 @@ TEST_P(KernelsAgree, StochasticCodesAtIndicesPast2To32) {
     const std::uint32_t key = dx::counter_key(seed, index);
     if (bits == 8) {
       dx::detail::quantize_block<8, true>(xs.data(), len, index, ratio, seed, want.data());
-      dx::detail::avx2::quantize_codes<8, true>(xs.data(), len, ratio.inv, index, key, got.data());
+      avx2_stochastic_codes<8>(xs.data(), len, ratio.inv, index, key, got.data());
     } else {
       dx::detail::quantize_block<4, true>(xs.data(), len, index, ratio, seed, want.data());
-      dx::detail::avx2::quantize_codes<4, true>(xs.data(), len, ratio.inv, index, key, got.data());
+      avx2_stochastic_codes<4>(xs.data(), len, ratio.inv, index, key, got.data());
     }
     EXPECT_EQ(got, want) << "index " << index;
   }

@@ -15,15 +15,19 @@
 #include <immintrin.h>
 
 #define DILOCOX_TARGET_AVX2 __attribute__((target("avx2,fma")))
+// The helpers: inlined at every optimization level (at -O2 GCC leaves some as calls and
+// their arrays in memory: int4 quantize in cache ran at half speed). Callable only from
+// code compiled for AVX2, as the kernels below are.
+#define DILOCOX_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
 
 namespace dilocox::detail::avx2 {
 
-DILOCOX_TARGET_AVX2 inline __m256i abs_bits(const float* x) {
+DILOCOX_AVX2_INLINE __m256i abs_bits(const float* x) {
   return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)), _mm256_set1_epi32(0x7fffffff));
 }
 
 // |x| bits of x[0, len) folded into eight lanes: the largest lane is absmax_bits.
-DILOCOX_TARGET_AVX2 inline __m256i absmax_lanes(const float* x, std::size_t len) {
+DILOCOX_AVX2_INLINE __m256i absmax_lanes(const float* x, std::size_t len) {
   __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
   std::size_t i = 0;
   for (; i + 32 <= len; i += 32) {
@@ -40,7 +44,7 @@ DILOCOX_TARGET_AVX2 inline __m256i absmax_lanes(const float* x, std::size_t len)
 }
 
 // Lane k of the result: the largest lane of m[k], k < 4 (a transpose folded with max).
-DILOCOX_TARGET_AVX2 inline __m128i max_of_each(const __m256i* m) {
+DILOCOX_AVX2_INLINE __m128i max_of_each(const __m256i* m) {
   const __m256i m01 = _mm256_max_epu32(_mm256_unpacklo_epi32(m[0], m[1]), _mm256_unpackhi_epi32(m[0], m[1]));
   const __m256i m23 = _mm256_max_epu32(_mm256_unpacklo_epi32(m[2], m[3]), _mm256_unpackhi_epi32(m[2], m[3]));
   const __m256i h = _mm256_max_epu32(_mm256_unpacklo_epi64(m01, m23), _mm256_unpackhi_epi64(m01, m23));
@@ -49,14 +53,15 @@ DILOCOX_TARGET_AVX2 inline __m128i max_of_each(const __m256i* m) {
 
 // Round-to-nearest-even of x * inv as int32. cvtps rounds as the 1.5 * 2^23 addition
 // of round_nearest does (both under the current rounding mode, exact for |v| < 2^22;
-// |x * inv| <= qmax (1 + 2^-21) since |x| <= absmax). The clamp comes after, on the
-// packed codes: clamping to integer bounds commutes with a monotone rounding.
-DILOCOX_TARGET_AVX2 inline __m256i round_scaled(const float* x, __m256 inv) {
+// |x * inv| <= qmax (1 + 2^-21) since |x| <= absmax). So no clamp: the ratio rounds to
+// at most qmax, as clamp_ratio then round_nearest do, for any block with a normal scale
+// (a bf16 scale, rounded up, only lowers the ratio); blocks that divide go to the reference.
+DILOCOX_AVX2_INLINE __m256i round_scaled(const float* x, __m256 inv) {
   return _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), inv));
 }
 
 // mix32 of random.hpp, eight lanes.
-DILOCOX_TARGET_AVX2 inline __m256i mix32(__m256i x) {
+DILOCOX_AVX2_INLINE __m256i mix32(__m256i x) {
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 16));
   x = _mm256_mullo_epi32(x, _mm256_set1_epi32(0x7feb352d));
   x = _mm256_xor_si256(x, _mm256_srli_epi32(x, 15));
@@ -70,7 +75,7 @@ DILOCOX_TARGET_AVX2 inline __m256i mix32(__m256i x) {
 // and floor(v + u) after it (v + u rounds, and at v = qmax can reach qmax + 1), so the
 // codes are in [-qmax, qmax].
 template <int Bits>
-DILOCOX_TARGET_AVX2 inline __m256i round_stochastic8(const float* x, __m256 inv, __m256i& h) {
+DILOCOX_AVX2_INLINE __m256i round_stochastic8(const float* x, __m256 inv, __m256i& h) {
   constexpr float qmax = static_cast<float>(quant_max(Bits));
   __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x), inv);
   v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-qmax)), _mm256_set1_ps(qmax));
@@ -85,16 +90,15 @@ DILOCOX_TARGET_AVX2 inline __m256i round_stochastic8(const float* x, __m256 inv,
 // Four int32 vectors of int4 codes (32 elements in order) as nibble-pair bytes in
 // int16 lanes, in the order the packs leave them: lane 0 holds the pairs of elements
 // 0-3, 8-11, 16-19, 24-27 and lane 1 those of 4-7, 12-15, ... (pairs stay whole).
-// Codes are clamped to [-7, 7] (stochastic ones already are).
-DILOCOX_TARGET_AVX2 inline __m256i nibble_pairs(__m256i a, __m256i b, __m256i c, __m256i d) {
+// Codes are in [-7, 7] (round_scaled, round_stochastic8).
+DILOCOX_AVX2_INLINE __m256i nibble_pairs(__m256i a, __m256i b, __m256i c, __m256i d) {
   __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
-  q = _mm256_min_epi8(_mm256_max_epi8(q, _mm256_set1_epi8(-7)), _mm256_set1_epi8(7));
   q = _mm256_add_epi8(q, _mm256_set1_epi8(8));
   return _mm256_maddubs_epi16(q, _mm256_set1_epi16(0x1001));  // c[2j] + 16 c[2j + 1]
 }
 
 // The bytes of nibble_pairs w0 (elements 0-31) then w1 (32-63) in element order.
-DILOCOX_TARGET_AVX2 inline __m256i ordered_nibbles(__m256i w0, __m256i w1) {
+DILOCOX_AVX2_INLINE __m256i ordered_nibbles(__m256i w0, __m256i w1) {
   // As 16-bit units (four elements each), lane 0 of the packed bytes holds units
   // 0, 2, 4, ..., 14 and lane 1 units 1, 3, ..., 15: bring the halves together, then
   // interleave the units inside each lane.
@@ -105,16 +109,16 @@ DILOCOX_TARGET_AVX2 inline __m256i ordered_nibbles(__m256i w0, __m256i w1) {
 }
 
 // Stores the int4 codes of 64 elements (eight int32 vectors in element order): 32 bytes.
-DILOCOX_TARGET_AVX2 inline void store_codes64(const __m256i* v, std::byte* dst) {
+DILOCOX_AVX2_INLINE void store_codes64(const __m256i* v, std::byte* dst) {
   const __m256i w0 = nibble_pairs(v[0], v[1], v[2], v[3]);
   const __m256i w1 = nibble_pairs(v[4], v[5], v[6], v[7]);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), ordered_nibbles(w0, w1));
 }
 
-// Stores the codes of 32 elements (int32 lanes a, b, c, d in element order), clamped
-// to [-qmax, qmax] (stochastic codes already are).
+// Stores the codes of 32 elements (int32 lanes a, b, c, d in element order), each in
+// [-qmax, qmax].
 template <int Bits>
-DILOCOX_TARGET_AVX2 inline void store_codes32(__m256i a, __m256i b, __m256i c, __m256i d, std::byte* dst) {
+DILOCOX_AVX2_INLINE void store_codes32(__m256i a, __m256i b, __m256i c, __m256i d, std::byte* dst) {
   if constexpr (Bits == 4) {
     const __m256i w = nibble_pairs(a, b, c, d);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm256_castsi256_si128(ordered_nibbles(w, w)));
@@ -122,22 +126,18 @@ DILOCOX_TARGET_AVX2 inline void store_codes32(__m256i a, __m256i b, __m256i c, _
     const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);  // int16: a0-3 b0-3 | a4-7 b4-7
     __m256i q = _mm256_packs_epi16(ab, cd);
     q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // element order
-    q = _mm256_max_epi8(q, _mm256_set1_epi8(-127));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), q);
   }
 }
 
 // store_codes32 for 8 elements (8 bytes of int8, 4 bytes of int4).
 template <int Bits>
-DILOCOX_TARGET_AVX2 inline void store_codes8(__m256i a, std::byte* dst) {
-  constexpr char qmax = static_cast<char>(quant_max(Bits));
+DILOCOX_AVX2_INLINE void store_codes8(__m256i a, std::byte* dst) {
   __m128i q = _mm_packs_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));  // int16
   q = _mm_packs_epi16(q, q);
-  q = _mm_max_epi8(q, _mm_set1_epi8(static_cast<char>(-qmax)));
   if constexpr (Bits == 8) {
     _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), q);
   } else {
-    q = _mm_min_epi8(q, _mm_set1_epi8(qmax));
     q = _mm_add_epi8(q, _mm_set1_epi8(8));
     const __m128i w = _mm_maddubs_epi16(q, _mm_set1_epi16(0x1001));
     const auto four = static_cast<std::uint32_t>(_mm_cvtsi128_si32(_mm_packus_epi16(w, w)));
@@ -147,7 +147,7 @@ DILOCOX_TARGET_AVX2 inline void store_codes8(__m256i a, std::byte* dst) {
 
 // The int32 codes of x[0, 8): h as for round_stochastic8, unused for nearest.
 template <int Bits, bool Stochastic>
-DILOCOX_TARGET_AVX2 inline __m256i codes8(const float* x, __m256 inv, __m256i& h) {
+DILOCOX_AVX2_INLINE __m256i codes8(const float* x, __m256 inv, __m256i& h) {
   if constexpr (Stochastic) return round_stochastic8<Bits>(x, inv, h);
   (void)h;
   return round_scaled(x, inv);
@@ -157,7 +157,7 @@ DILOCOX_TARGET_AVX2 inline __m256i codes8(const float* x, __m256 inv, __m256i& h
 // returned); `index` is the element index of x[0] and `key` its counter_key
 // (stochastic rounding only).
 template <int Bits, bool Stochastic>
-DILOCOX_TARGET_AVX2 inline std::size_t quantize_codes(const float* x, std::size_t len, float inv, std::uint64_t index,
+DILOCOX_AVX2_INLINE std::size_t quantize_codes(const float* x, std::size_t len, float inv, std::uint64_t index,
                                                     std::uint32_t key, std::byte* codes) {
   constexpr std::size_t per_byte = Bits == 8 ? 1 : 2;
   const __m256 s = _mm256_set1_ps(inv);
@@ -172,6 +172,7 @@ DILOCOX_TARGET_AVX2 inline std::size_t quantize_codes(const float* x, std::size_
   if constexpr (Bits == 4) {
     for (; i + 64 <= len; i += 64) {
       __m256i v[8];
+#pragma GCC unroll 8  // -O2 leaves the loop, and its array in memory
       for (int k = 0; k < 8; ++k) v[k] = codes8<Bits, Stochastic>(x + i + 8 * k, s, h);
       store_codes64(v, codes + i / 2);
     }
@@ -199,10 +200,12 @@ struct GroupScales {
 // Scales of blocks [first, first + count), count <= 4, stored into `scales_out` (the
 // first one's slot); throws Error naming the first NaN/Inf element among them.
 // Block: the block size when known at compile time and every block is whole, else 0.
+// Inlined (GCC leaves it a call otherwise, which costs ~20% of a 4 KiB quantize).
 template <int Bits, std::size_t Block>
-DILOCOX_TARGET_AVX2 inline void scale_group(std::span<const float> in, std::size_t block, std::size_t first,
+DILOCOX_AVX2_INLINE void scale_group(std::span<const float> in, std::size_t block, std::size_t first,
                                             std::size_t count, ScaleFormat f, std::byte* scales_out, GroupScales& g) {
   __m256i lanes[GroupScales::blocks];
+#pragma GCC unroll 4  // -O2 leaves the loop, and its array in memory
   for (std::size_t k = 0; k < GroupScales::blocks; ++k) {
     const std::size_t base = (first + k) * block, len = Block != 0 ? Block : std::min(block, in.size() - base);
     lanes[k] = k < count ? absmax_lanes(in.data() + base, len) : _mm256_setzero_si256();
@@ -237,7 +240,8 @@ DILOCOX_TARGET_AVX2 inline void scale_group(std::span<const float> in, std::size
 }
 
 // Blocks [begin, end) of quantize_all. Scales go four blocks at a time, one group
-// ahead of the codes, so that their divisions overlap other work. Blocks with a
+// ahead of the codes, so that their divisions overlap other work, and the group after
+// that is prefetched. Blocks with a
 // subnormal scale (they divide) and stochastic blocks that straddle a 2^32 index
 // boundary (two RNG keys) go to the reference's quantize_block whole, and every
 // block's last len % 8 elements too. nb: the number of blocks; Block: as for scale_group.
@@ -252,6 +256,10 @@ DILOCOX_TARGET_AVX2 void quantize_blocks(std::span<const float> in, std::byte* o
     scale_group<Bits, Block>(in, block, begin, std::min(end - begin, group), c.scale, out + begin * sb, groups[0]);
   for (std::size_t first = begin; first < end; first += group) {
     const GroupScales& g = groups[((first - begin) / group) % 2];
+    if (first + 2 * group < end) {  // the group after next: without it a stream from memory loses ~25%
+      const char* ahead = reinterpret_cast<const char*>(in.data() + (first + 2 * group) * block);
+      for (std::size_t o = 0; o < group * block * sizeof(float); o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    }
     if (first + group < end)
       scale_group<Bits, Block>(in, block, first + group, std::min(end - first - group, group), c.scale,
                                out + (first + group) * sb, groups[((first - begin) / group + 1) % 2]);
@@ -295,20 +303,20 @@ DILOCOX_TARGET_AVX2 void quantize_all(std::span<const float> in, std::byte* out,
 
 // y[0, 8) = q * s, or y += q * s fused (one rounding).
 template <bool Accumulate>
-DILOCOX_TARGET_AVX2 inline void put8(float* y, __m256i q, __m256 s) {
+DILOCOX_AVX2_INLINE void put8(float* y, __m256i q, __m256 s) {
   const __m256 v = _mm256_cvtepi32_ps(q);
   if constexpr (Accumulate) _mm256_storeu_ps(y, _mm256_fmadd_ps(v, s, _mm256_loadu_ps(y)));
   else _mm256_storeu_ps(y, _mm256_mul_ps(v, s));
 }
 
 template <bool Accumulate>
-DILOCOX_TARGET_AVX2 inline void put1(float* y, int q, float s) {
+DILOCOX_AVX2_INLINE void put1(float* y, int q, float s) {
   if constexpr (Accumulate) *y = std::fma(static_cast<float>(q), s, *y);
   else *y = static_cast<float>(q) * s;
 }
 
 // Eight int8 codes as int32 lanes.
-DILOCOX_TARGET_AVX2 inline __m256i widen8(const std::uint8_t* q) {
+DILOCOX_AVX2_INLINE __m256i widen8(const std::uint8_t* q) {
   return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
 }
 
@@ -317,7 +325,7 @@ DILOCOX_TARGET_AVX2 inline __m256i widen8(const std::uint8_t* q) {
 // the element's nibble to the top and back down arithmetically: (c ^ 8) read as a
 // signed nibble is c - 8.
 template <int K>
-DILOCOX_TARGET_AVX2 inline __m256i widen_nibbles8(__m256i b) {
+DILOCOX_AVX2_INLINE __m256i widen_nibbles8(__m256i b) {
   constexpr char z = -1, b0 = 4 * K, b1 = 4 * K + 1, b2 = 4 * K + 2, b3 = 4 * K + 3;
   const __m256i pick = _mm256_setr_epi8(b0, z, z, z, b0, z, z, z, b1, z, z, z, b1, z, z, z,  //
                                         b2, z, z, z, b2, z, z, z, b3, z, z, z, b3, z, z, z);
@@ -327,7 +335,7 @@ DILOCOX_TARGET_AVX2 inline __m256i widen_nibbles8(__m256i b) {
 
 // One block of `len` elements: codes q (int8, or int4 pairs) times scale s into y.
 template <int Bits, bool Accumulate>
-DILOCOX_TARGET_AVX2 inline void dequantize_block(const std::uint8_t* q, std::size_t len, float s, float* y) {
+DILOCOX_AVX2_INLINE void dequantize_block(const std::uint8_t* q, std::size_t len, float s, float* y) {
   const __m256 sv = _mm256_set1_ps(s);
   std::size_t i = 0;
   if constexpr (Bits == 8) {
@@ -393,4 +401,5 @@ DILOCOX_TARGET_AVX2 void dequantize_all(std::span<const std::byte> in, std::span
 }  // namespace dilocox::detail::avx2
 
 #undef DILOCOX_TARGET_AVX2
+#undef DILOCOX_AVX2_INLINE
 #endif  // DILOCOX_QUANTIZE_AVX2
