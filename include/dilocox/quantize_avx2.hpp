@@ -19,6 +19,14 @@
 // their arrays in memory: int4 quantize in cache ran at half speed). Callable only from
 // code compiled for AVX2, as the kernels below are.
 #define DILOCOX_AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) inline
+// Unrolls the next loop at every optimization level (at -O2 GCC leaves a fixed-count
+// loop, and the array it fills, in memory). nvcc's front end knows no such pragma.
+#if defined(__CUDACC__)
+#define DILOCOX_UNROLL(n)
+#else
+#define DILOCOX_PRAGMA(x) _Pragma(#x)
+#define DILOCOX_UNROLL(n) DILOCOX_PRAGMA(GCC unroll n)
+#endif
 
 namespace dilocox::detail::avx2 {
 
@@ -172,7 +180,7 @@ DILOCOX_AVX2_INLINE std::size_t quantize_codes(const float* x, std::size_t len, 
   if constexpr (Bits == 4) {
     for (; i + 64 <= len; i += 64) {
       __m256i v[8];
-#pragma GCC unroll 8  // -O2 leaves the loop, and its array in memory
+DILOCOX_UNROLL(8)
       for (int k = 0; k < 8; ++k) v[k] = codes8<Bits, Stochastic>(x + i + 8 * k, s, h);
       store_codes64(v, codes + i / 2);
     }
@@ -205,7 +213,7 @@ template <int Bits, std::size_t Block>
 DILOCOX_AVX2_INLINE void scale_group(std::span<const float> in, std::size_t block, std::size_t first,
                                             std::size_t count, ScaleFormat f, std::byte* scales_out, GroupScales& g) {
   __m256i lanes[GroupScales::blocks];
-#pragma GCC unroll 4  // -O2 leaves the loop, and its array in memory
+DILOCOX_UNROLL(4)
   for (std::size_t k = 0; k < GroupScales::blocks; ++k) {
     const std::size_t base = (first + k) * block, len = Block != 0 ? Block : std::min(block, in.size() - base);
     lanes[k] = k < count ? absmax_lanes(in.data() + base, len) : _mm256_setzero_si256();
@@ -402,4 +410,6 @@ DILOCOX_TARGET_AVX2 void dequantize_all(std::span<const std::byte> in, std::span
 
 #undef DILOCOX_TARGET_AVX2
 #undef DILOCOX_AVX2_INLINE
+#undef DILOCOX_UNROLL
+#undef DILOCOX_PRAGMA
 #endif  // DILOCOX_QUANTIZE_AVX2
