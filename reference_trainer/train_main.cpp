@@ -259,6 +259,16 @@ class Run {
       return 0;
     }
     if (!common.empty()) return *std::max_element(common.begin(), common.end());
+    // A rank with no checkpoint file at all, and none refused anywhere: no step was ever
+    // saved by every rank (the first save was cut short, the other ranks' files of it
+    // are all there is), so there is nothing to lose by starting over.
+    bool some_never_saved = false, some_refused = false;
+    for (const auto& rep : reports) {
+      const auto& c = rep.at("checkpoint");
+      const bool files = c.at("files").get<bool>(), intact = !c.at("intact").empty();
+      some_never_saved = some_never_saved || !files;
+      some_refused = some_refused || (files && !intact);
+    }
     std::string who;
     for (std::size_t r = 0; r < reports.size(); ++r) {
       const auto steps = reports[r].at("checkpoint").at("intact").get<std::vector<std::int64_t>>();
@@ -266,6 +276,12 @@ class Run {
       for (auto s : steps) list += (list.empty() ? "" : ", ") + std::to_string(s);
       who += (who.empty() ? "" : "; ") + detail::who(reports, static_cast<int>(r)) + ": " +
              (steps.empty() ? (reports[r]["checkpoint"]["files"].get<bool>() ? "all refused" : "none") : "steps " + list);
+    }
+    if (some_never_saved && !some_refused) {
+      if (rank_ == 0)
+        std::fprintf(stderr, "dilocox-train: no step saved by every rank in %s (%s): the first save was cut short, "
+                     "starting at step 0\n", o_.checkpoint_dir.c_str(), who.c_str());
+      return 0;
     }
     throw dilocox::Error("no intact checkpoint for every rank in " + o_.checkpoint_dir + " at a common step (" + who + ")");
   }

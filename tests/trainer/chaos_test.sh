@@ -74,7 +74,9 @@ for kind in "${plan[@]}"; do
     kill -0 $pid 2>/dev/null || break
     sleep 0.02
   done
-  kill -0 $pid 2>/dev/null || fail "attempt $((done_faults + 1)) ended before its fault: $(tail -3 err.txt) $(cat out.txt)"
+  # The trainer's own lines first: Open MPI's footer says only which rank exited.
+  kill -0 $pid 2>/dev/null ||
+    fail "attempt $((done_faults + 1)) ended before its fault: $(grep '^dilocox-train' err.txt || tail -3 err.txt) $(cat out.txt)"
   if [[ $kind == kill_during_write ]]; then
     for _ in $(seq 1 20000); do note=$(mid_save) && break; done
     [[ -n $note ]] || note="no save caught in progress"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dilocox-train under faults and bad input (issue 13), one case per ctest test:
 #   faults_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
-# CASE: refusals | diverge | resume_refusals | metrics | agreement | watchdog | stop.
+# CASE: refusals | diverge | resume_refusals | metrics | first_save | agreement | watchdog | stop.
 # Multi-rank cases give ranks different flags with a two-part launch (mpirun A : B) and
 # put a deadline on every launch (a hang fails the case instead of the ctest timeout).
 # Each prints what it checks and how long each exit took, and fails on the first mismatch.
@@ -148,6 +148,30 @@ metrics)  # item 6: after a crash and --resume the metrics hold every step once,
   diff <(grep -o '"loss":[^,]*' straight.jsonl) <(grep -o '"loss":[^,]*' m.jsonl) >/dev/null ||
     fail "losses differ from the uninterrupted run's"
   echo "ok: $(grep -o 'dropped [0-9]* line(s) logged after step [0-9]*' err.txt || echo 'nothing dropped'); steps 1..$total once each, losses and evals as uninterrupted"
+  ;;
+first_save)  # a first save cut short (one stage's files only): --resume starts over; a refused file still stops it
+  need_mpi
+  two=("${tiny[@]}" --stages 2 --micro-batches 2 --tokens 1536)
+  "${mpi[@]}" -n 2 "$train" "${two[@]}" --metrics straight.jsonl >straight.txt
+  "${mpi[@]}" -n 2 "$train" "${two[@]}" --checkpoint-dir ck --checkpoint-every 2 --stop-after 2 --metrics m.jsonl >/dev/null
+  [[ $(newest_step ck stage0of2) == 2 && $(newest_step ck stage1of2) == 2 ]] || fail "expected step 2 of both stages: $(ls ck)"
+  rm ck/stage1of2-*  # stage 1 was killed before its first save ended; stage 0's files are all there is
+  timeout -k 5 60 "${mpi[@]}" -n 2 "$train" "${two[@]}" --checkpoint-dir ck --checkpoint-every 2 --resume \
+    --metrics m.jsonl >out.txt 2>err.txt || fail "resume after a first save cut short: $(head -3 err.txt)"
+  grep -q "the first save was cut short, starting at step 0" err.txt || fail "message: $(cat err.txt)"
+  [[ $(field final_eval_loss out.txt) == $(field final_eval_loss straight.txt) ]] ||
+    fail "final eval loss $(field final_eval_loss out.txt), uninterrupted $(field final_eval_loss straight.txt)"
+  diff <(grep -o '"loss":[^,]*' straight.jsonl) <(grep -o '"loss":[^,]*' m.jsonl) >/dev/null ||
+    fail "the metrics differ from the uninterrupted run's"
+  echo "ok: $(grep -m1 -o 'no step saved.*' err.txt); steps and losses as uninterrupted"
+  rm ck/stage1of2-*
+  for f in ck/stage0of2-*.ckpt; do printf 'garbage' >"$f"; done
+  rc=0
+  timeout -k 5 30 "${mpi[@]}" -n 2 "$train" "${two[@]}" --checkpoint-dir ck --resume >out.txt 2>err.txt || rc=$?
+  [[ $rc == 1 ]] || fail "stage 0's files refused, stage 1's gone: exit $rc, expected 1: $(head -3 err.txt)"
+  grep -q "no intact checkpoint for every rank in ck at a common step (rank 0 (stage 0): all refused; rank 1 (stage 1): none)" \
+    err.txt || fail "message: $(cat err.txt)"
+  echo "ok: with stage 0's files refused the run still refuses to start (exit 1)"
   ;;
 agreement)  # items 2 and 3: one rank's bad input or different flags end every rank within 10 s, naming it
   a_extra=()
