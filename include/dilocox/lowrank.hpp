@@ -290,7 +290,8 @@ inline void outer_row_tile(const float* p, std::size_t r, const float* qt, std::
 // to back: 2048 x 2048 at rank 4 took ~12% longer by chunks of 512 columns (the writes
 // come back to every page four times).
 inline void outer_rows(const float* p, std::size_t m, std::size_t r, const float* qt, std::size_t n, float* out) {
-  const std::size_t chunk = std::max<std::size_t>(512, (std::size_t{256} << 10) / sizeof(float) / std::max<std::size_t>(r, 1));
+  constexpr std::size_t qt_floats = (std::size_t{256} << 10) / sizeof(float);  // 256 KiB of qt
+  const std::size_t chunk = std::max<std::size_t>(512, qt_floats / std::max<std::size_t>(r, 1));
   for (std::size_t k0 = 0; k0 < n; k0 += chunk) {
     const std::size_t k1 = std::min(n, k0 + chunk);
     std::size_t i = 0;

@@ -166,7 +166,7 @@ DILOCOX_AVX2_INLINE __m256i codes8(const float* x, __m256 inv, __m256i& h) {
 // (stochastic rounding only).
 template <int Bits, bool Stochastic>
 DILOCOX_AVX2_INLINE std::size_t quantize_codes(const float* x, std::size_t len, float inv, std::uint64_t index,
-                                                    std::uint32_t key, std::byte* codes) {
+                                               std::uint32_t key, std::byte* codes) {
   constexpr std::size_t per_byte = Bits == 8 ? 1 : 2;
   const __m256 s = _mm256_set1_ps(inv);
   __m256i h = _mm256_setzero_si256();
@@ -180,7 +180,7 @@ DILOCOX_AVX2_INLINE std::size_t quantize_codes(const float* x, std::size_t len, 
   if constexpr (Bits == 4) {
     for (; i + 64 <= len; i += 64) {
       __m256i v[8];
-DILOCOX_UNROLL(8)
+      DILOCOX_UNROLL(8)
       for (int k = 0; k < 8; ++k) v[k] = codes8<Bits, Stochastic>(x + i + 8 * k, s, h);
       store_codes64(v, codes + i / 2);
     }
@@ -211,9 +211,9 @@ struct GroupScales {
 // Inlined (GCC leaves it a call otherwise, which costs ~20% of a 4 KiB quantize).
 template <int Bits, std::size_t Block>
 DILOCOX_AVX2_INLINE void scale_group(std::span<const float> in, std::size_t block, std::size_t first,
-                                            std::size_t count, ScaleFormat f, std::byte* scales_out, GroupScales& g) {
+                                     std::size_t count, ScaleFormat f, std::byte* scales_out, GroupScales& g) {
   __m256i lanes[GroupScales::blocks];
-DILOCOX_UNROLL(4)
+  DILOCOX_UNROLL(4)
   for (std::size_t k = 0; k < GroupScales::blocks; ++k) {
     const std::size_t base = (first + k) * block, len = Block != 0 ? Block : std::min(block, in.size() - base);
     lanes[k] = k < count ? absmax_lanes(in.data() + base, len) : _mm256_setzero_si256();
@@ -249,10 +249,9 @@ DILOCOX_UNROLL(4)
 
 // Blocks [begin, end) of quantize_all. Scales go four blocks at a time, one group
 // ahead of the codes, so that their divisions overlap other work, and the group after
-// that is prefetched. Blocks with a
-// subnormal scale (they divide) and stochastic blocks that straddle a 2^32 index
-// boundary (two RNG keys) go to the reference's quantize_block whole, and every
-// block's last len % 8 elements too. nb: the number of blocks; Block: as for scale_group.
+// that is prefetched. Blocks with a subnormal scale (they divide) and stochastic blocks
+// that straddle a 2^32 index boundary (two RNG keys) go to the reference's
+// quantize_block whole, and every block's last len % 8 elements too. nb: the number of blocks; Block: as for scale_group.
 template <int Bits, bool Stochastic, std::size_t Block>
 DILOCOX_TARGET_AVX2 void quantize_blocks(std::span<const float> in, std::byte* out, const QuantConfig& c,
                                          std::size_t nb, std::size_t begin, std::size_t end) {
@@ -265,8 +264,10 @@ DILOCOX_TARGET_AVX2 void quantize_blocks(std::span<const float> in, std::byte* o
   for (std::size_t first = begin; first < end; first += group) {
     const GroupScales& g = groups[((first - begin) / group) % 2];
     if (first + 2 * group < end) {  // the group after next: without it a stream from memory loses ~25%
-      const char* ahead = reinterpret_cast<const char*>(in.data() + (first + 2 * group) * block);
-      for (std::size_t o = 0; o < group * block * sizeof(float); o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+      const std::size_t from = (first + 2 * group) * block;
+      const char* ahead = reinterpret_cast<const char*>(in.data() + from);
+      const std::size_t bytes = std::min(group * block, in.size() - from) * sizeof(float);
+      for (std::size_t o = 0; o < bytes; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
     }
     if (first + group < end)
       scale_group<Bits, Block>(in, block, first + group, std::min(end - first - group, group), c.scale,
