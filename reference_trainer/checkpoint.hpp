@@ -7,8 +7,9 @@
 // before the fsyncs return can leave a new file that read() refuses, so callers delete
 // older files only after every rank's write returned. Reading checks magic, version,
 // every length and the checksum, and names the file and the fault. Files are
-// "<prefix>-step<8 digits>.ckpt"; also here: the folder's layouts, stale temporaries,
-// and a test write. Not here: what goes into a checkpoint (the trainer's).
+// "<prefix>-step<8 digits>.ckpt"; also here: the folder's layouts and stale temporaries.
+// Not here: what goes into a checkpoint (the trainer's), what a run checks of its folder
+// before it starts (checkpoint_folder.hpp).
 #pragma once
 
 #include <dilocox/checksum.hpp>
@@ -53,6 +54,13 @@ class Checkpoint {
   std::string get_text(const std::string& name) const {
     const auto& s = section(name);
     return std::string(reinterpret_cast<const char*>(s.data()), s.size());
+  }
+
+  // The size of the file write_atomically writes.
+  std::size_t file_bytes() const {
+    std::size_t n = 8 + 4 + 4 + 8;  // magic, version, count, checksum
+    for (const auto& [name, bytes] : sections_) n += 4 + name.size() + 8 + bytes.size();
+    return n;
   }
 
   void write_atomically(const std::filesystem::path& path) const {
@@ -217,28 +225,11 @@ inline int remove_stale_temporaries(const std::filesystem::path& dir, const std:
   std::vector<std::filesystem::path> doomed;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const auto name = e.path().filename().string();
-    if (detail::checkpoint_prefix_of(name, ".ckpt.tmp") == prefix || name == prefix + ".write-test")
+    if (detail::checkpoint_prefix_of(name, ".ckpt.tmp") == prefix || name.starts_with(prefix + ".write-test"))
       doomed.push_back(e.path());
   }
   for (const auto& p : doomed) removed += std::filesystem::remove(p, ec) ? 1 : 0;
   return removed;
-}
-
-// Creates dir if needed and writes, syncs and deletes a small file in it: throws Error
-// naming the folder and the reason when checkpoints could not be saved there.
-inline void probe_checkpoint_dir(const std::filesystem::path& dir, const std::string& prefix) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  dilocox::detail::require(!ec, "--checkpoint-dir", dir.string() + ": cannot create the folder: " + ec.message());
-  const auto probe = dir / (prefix + ".write-test");
-  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  dilocox::detail::require(fd >= 0, "--checkpoint-dir", dir.string() + ": cannot write in it: " + std::strerror(errno));
-  const char bytes[8] = {'d', 'i', 'l', 'o', 'c', 'o', 'x', '\n'};
-  const bool ok = ::write(fd, bytes, sizeof bytes) == static_cast<ssize_t>(sizeof bytes) && ::fsync(fd) == 0;
-  const std::string why = std::strerror(errno);
-  ::close(fd);
-  ::unlink(probe.c_str());
-  dilocox::detail::require(ok, "--checkpoint-dir", dir.string() + ": a test write failed: " + why);
 }
 
 }  // namespace dilocox::trainer

@@ -46,7 +46,11 @@ class ProgressLine {
 
   // A line of its own (evaluation, checkpoint), not overwritten by the next step.
   void note(const std::string& text) {
-    if (!enabled_) return;
+    if (enabled_) warn(text);
+  }
+
+  // A line that --quiet does not hide.
+  void warn(const std::string& text) {
     if (dirty_) std::fprintf(stderr, "\n");
     dirty_ = false;
     std::fprintf(stderr, "%s\n", text.c_str());

@@ -7,6 +7,7 @@
 // answering (watchdog.hpp); a run whose loss stays NaN/Inf ends with exit 1. Ends with
 // one JSON summary line on stdout.
 #include "checkpoint.hpp"
+#include "checkpoint_folder.hpp"
 #include "cluster_sync.hpp"
 #include "data/batch_sampler.hpp"
 #include "data/token_shard.hpp"
@@ -254,8 +255,13 @@ class Run {
                    o_.checkpoint_dir.c_str());
     if (!o_.resume) return 0;
     if (!any_files) {
+      if (!o_.resume_if_present)
+        throw UsageError("--resume: no checkpoint in " + o_.checkpoint_dir +
+                         " to resume (a wrong folder, or one not mounted here?); --resume-if-present starts at step 0 "
+                         "when there is none");
       if (rank_ == 0)
-        std::fprintf(stderr, "dilocox-train: no checkpoint in %s, starting at step 0\n", o_.checkpoint_dir.c_str());
+        std::fprintf(stderr, "dilocox-train: no checkpoint in %s, starting at step 0 (--resume-if-present)\n",
+                     o_.checkpoint_dir.c_str());
       return 0;
     }
     if (!common.empty()) return *std::max_element(common.begin(), common.end());
@@ -333,13 +339,20 @@ class Run {
     if (!o_.checkpoint_dir.empty()) check_checkpoints();
   }
 
-  // The folder takes a test write; stale temporaries go; a fresh run refuses a folder
-  // that holds checkpoints; --resume verifies this rank's files, newest first, and
-  // refuses another layout or a checkpoint whose outcome flags differ from this run's.
+  // The folder takes a test write under the longest name the run will write; this run
+  // locks it (rank 0 the folder, every rank its own files); stale temporaries go; a
+  // fresh run refuses a folder that holds checkpoints; --resume verifies this rank's
+  // files, newest first, and refuses another layout or a checkpoint whose outcome flags
+  // differ from this run's.
   void check_checkpoints() {
     const fs::path dir(o_.checkpoint_dir);
+    if (o_.resume && !o_.resume_if_present && !fs::is_directory(dir))
+      throw UsageError("--resume: " + o_.checkpoint_dir + " does not exist here (a wrong folder, or one not mounted "
+                       "here?); --resume-if-present starts at step 0 when there is no checkpoint");
     try {
-      probe_checkpoint_dir(dir, prefix_);
+      probe_checkpoint_dir(dir, prefix_, longest_checkpoint_name(prefix_, total_steps_));
+      if (rank_ == 0) folder_lock_ = FolderLock(dir, "dilocox.lock");
+      rank_lock_ = FolderLock(dir, prefix_ + ".lock");
     } catch (const dilocox::Error& e) {
       throw UsageError(e.what());
     }
@@ -418,7 +431,12 @@ class Run {
 
   void build();
   void load(std::int64_t start);
+  bool stopped_before_training();
+  bool room_for_checkpoints();
+  Checkpoint make_checkpoint(bool finished);
   void open_metrics(std::int64_t start);
+  void write_metrics(const json& line);
+  void release();
   void train_loop();
   std::string checkpoint_plan() const;
   void after_rounds_step(bool& skipped_since_sync);
@@ -449,6 +467,7 @@ class Run {
   int removed_tmp_ = 0;
   std::optional<Checkpoint> loaded_;
   std::int64_t loaded_step_ = -1;
+  FolderLock folder_lock_, rank_lock_;  // held for the run's life
   // Built after the agreement.
   MPI_Comm cluster_ = MPI_COMM_NULL, stage_comm_ = MPI_COMM_NULL;
   std::unique_ptr<StageLink> link_;
@@ -458,7 +477,7 @@ class Run {
   std::uint64_t dump_index_ = 0;
   const ParamTensor* wte_ = nullptr;
   bool rounds_ = false;
-  std::ofstream metrics_;
+  MetricsFile metrics_;
   std::unique_ptr<ProgressLine> progress_;
   std::vector<float> saved_params_;
   // The run's progress.
@@ -527,16 +546,85 @@ void Run::load(std::int64_t start) {
   last_checkpoint_ = start;
 }
 
+// A resumed run (--resume at any step, --resume-if-present too) cuts the file back to
+// its start step and appends; only a fresh run starts a new file.
 void Run::open_metrics(std::int64_t start) {
   if (rank_ != 0 || o_.metrics.empty()) return;
-  if (start > 0 && !finished_before_) {
+  if (o_.resume && !finished_before_) {
     const auto dropped = cut_metrics_after(o_.metrics, start);
     if (dropped > 0)
       std::fprintf(stderr, "dilocox-train: %s: dropped %zu line(s) logged after step %lld by the interrupted run\n",
                    o_.metrics.c_str(), dropped, static_cast<long long>(start));
   }
-  metrics_.open(o_.metrics, start > 0 ? std::ios::app : std::ios::trunc);
-  if (!metrics_) throw dilocox::Error("cannot write --metrics " + o_.metrics);
+  metrics_.open(o_.metrics, /*append=*/o_.resume);
+}
+
+void Run::write_metrics(const json& line) {
+  const std::string note = metrics_.write(line.dump());
+  if (!note.empty()) progress_->warn("dilocox-train: warning: " + note);
+}
+
+// A stop signal that arrived while the run was starting or loading: every rank agrees on
+// it before the first step and the run ends with exit 0, nothing saved.
+bool Run::stopped_before_training() {
+  int sig = pending_stop_signal();
+  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world_);
+  if (sig == 0) return false;
+  interrupted_ = true;
+  stop_signal_ = sig;
+  if (rank_ == 0)
+    progress_->warn("dilocox-train: " + signal_name(sig) + " during start-up: stopped before step " +
+                    std::to_string(step_ + 1) + ", nothing trained" +
+                    (step_ > 0 ? ", the checkpoints are as they were" : ""));
+  return true;
+}
+
+// The folder must hold, per rank, the newest two checkpoints plus the one being written,
+// each the size of this rank's first one; the ranks of one node share a filesystem (ranks
+// on other nodes are counted on theirs). A shortfall ends every rank with exit 2, named
+// by the rank that found it.
+bool Run::room_for_checkpoints() {
+  if (o_.checkpoint_dir.empty()) return true;
+  const auto bytes = static_cast<double>(make_checkpoint(false).file_bytes());
+  double held = 0;
+  for (auto s : list_checkpoints(o_.checkpoint_dir, prefix_)) {
+    std::error_code ec;
+    const auto n = fs::file_size(checkpoint_path(o_.checkpoint_dir, prefix_, s), ec);
+    if (!ec) held += static_cast<double>(n);
+  }
+  double need = std::max(0.0, 3 * bytes - held);
+  MPI_Comm node;
+  MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  int ranks_here = 1;
+  MPI_Comm_size(node, &ranks_here);
+  MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_SUM, node);
+  MPI_Comm_free(&node);
+  const double room = static_cast<double>(free_bytes(o_.checkpoint_dir));
+  struct {
+    double shortfall;
+    int rank;
+  } worst{std::max(0.0, need - room), rank_};
+  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, world_);
+  if (worst.shortfall <= 0) return true;
+  if (worst.rank == rank_) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "dilocox-train: %s--checkpoint-dir %s has %.1f MB free, the run needs %.1f MB more there (%d rank(s) "
+                  "on this node, each keeping 3 checkpoints of %.1f MB: the newest two and the one being written): "
+                  "%.1f MB short; free space or choose another folder\n",
+                  world_size_ > 1 ? (describe_rank(rank_, o_.stages, world_size_) + ": ").c_str() : "",
+                  o_.checkpoint_dir.c_str(), room / 1e6, need / 1e6, ranks_here, bytes / 1e6, worst.shortfall / 1e6);
+    std::fputs(buf, stderr);
+    std::fflush(stderr);
+  }
+  return false;
+}
+
+// Frees what build() made (the communicators, the outer loop).
+void Run::release() {
+  if (sync_) sync_.reset();
+  MPI_Comm_free(&stage_comm_);
+  MPI_Comm_free(&cluster_);
 }
 
 // ---------------------------------------------------------------------------------
@@ -547,8 +635,13 @@ int Run::train(std::int64_t start) {
   step_ = start;
   build();
   if (start > 0) load(start);
-  open_metrics(start);
   progress_ = std::make_unique<ProgressLine>(rank_ == 0 && !o_.quiet, total_steps_);
+  if (stopped_before_training()) return finish();
+  if (!room_for_checkpoints()) {
+    release();
+    return 2;
+  }
+  open_metrics(start);
   const int K = o_.clusters, S = shape_.stages;
   if (rank_ == 0 && !o_.quiet)
     progress_->note("dilocox-train: " + shape_.model.name + ", " + std::to_string(shape_.model.params()) +
@@ -559,7 +652,6 @@ int Run::train(std::int64_t start) {
   if (rank_ == 0 && !o_.quiet && sync_ && !sync_->treatment().empty())
     progress_->note("dilocox-train: stage 0: " + sync_->treatment());
   if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
-  install_stop_signals();
   if (finished_before_) {
     if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
   } else {
@@ -658,7 +750,7 @@ void Run::log_step(const StepStats& st) {
               {"lr", st.lr}, {"grad_norm", st.grad_norm}, {"skipped", st.skipped},
               {"tokens_per_second", tps}, {"seconds", now_seconds() - t_start_}};
     if (sync_ && sync_->per_step()) line["contributors"] = st.contributors;
-    metrics_ << line.dump() << '\n' << std::flush;
+    write_metrics(line);
   }
   if (st.skipped && rank_ == 0)
     progress_->note("step " + std::to_string(step_) + ": non-finite gradient, update skipped");
@@ -697,9 +789,8 @@ void Run::evaluate(std::int64_t at_step) {
     model.push_params();
   }
   if (metrics_.is_open())
-    metrics_ << json{{"type", "eval"}, {"step", at_step}, {"tokens", at_step * step_tokens_}, {"eval_loss", last_eval_},
-                     {"seconds", now_seconds() - t_start_}}.dump()
-             << '\n' << std::flush;
+    write_metrics({{"type", "eval"}, {"step", at_step}, {"tokens", at_step * step_tokens_}, {"eval_loss", last_eval_},
+                   {"seconds", now_seconds() - t_start_}});
   char buf[96];
   std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at_step), last_eval_);
   if (rank_ == 0) progress_->note(buf);
@@ -738,16 +829,14 @@ void Run::sync_event(const dilocox::SyncStats& rs) {
   if (metrics_.is_open()) {
     json dropped = json::array();
     for (const auto& d : rs.dropped) dropped.push_back({{"replica", d.replica}, {"tensor", d.tensor}});
-    metrics_ << json{{"type", "sync"}, {"sync", rs.sync}, {"round", rs.round}, {"fragment", rs.fragment},
-                     {"step", step_}, {"tokens", step_ * step_tokens_}, {"low_rank", rs.low_rank},
-                     {"local_steps", rs.local_steps}, {"steps", rs.steps}, {"wire_bytes", rs.wire_bytes},
-                     {"fp32_sync_bytes", rs.fp32_sync_bytes}, {"allreduce_step_bytes", rs.allreduce_step_bytes},
-                     {"ratio_vs_fp32_sync", rs.ratio_vs_fp32_sync},
-                     {"ratio_vs_allreduce_steps", rs.ratio_vs_allreduce_steps}, {"comm_seconds", rs.comm_seconds},
-                     {"wait_seconds", rs.wait_seconds}, {"contributors", rs.contributors}, {"dropped", dropped},
-                     {"replicas_identical", agree}}
-                    .dump()
-             << '\n' << std::flush;
+    write_metrics({{"type", "sync"}, {"sync", rs.sync}, {"round", rs.round}, {"fragment", rs.fragment},
+                   {"step", step_}, {"tokens", step_ * step_tokens_}, {"low_rank", rs.low_rank},
+                   {"local_steps", rs.local_steps}, {"steps", rs.steps}, {"wire_bytes", rs.wire_bytes},
+                   {"fp32_sync_bytes", rs.fp32_sync_bytes}, {"allreduce_step_bytes", rs.allreduce_step_bytes},
+                   {"ratio_vs_fp32_sync", rs.ratio_vs_fp32_sync},
+                   {"ratio_vs_allreduce_steps", rs.ratio_vs_allreduce_steps}, {"comm_seconds", rs.comm_seconds},
+                   {"wait_seconds", rs.wait_seconds}, {"contributors", rs.contributors}, {"dropped", dropped},
+                   {"replicas_identical", agree}});
   }
   for (const auto& d : rs.dropped)
     if (rank_ == 0)
@@ -759,10 +848,7 @@ void Run::sync_event(const dilocox::SyncStats& rs) {
 // Checkpoints and the end
 // ---------------------------------------------------------------------------------
 
-// Every rank writes its file; after a barrier (every file complete) the older ones go.
-void Run::save(bool finished) {
-  at(Activity::checkpointing, step_);
-  const double t0 = now_seconds();
+Checkpoint Run::make_checkpoint(bool finished) {
   Checkpoint c;
   trainer_->save(c);
   if (sync_) {
@@ -770,8 +856,16 @@ void Run::save(bool finished) {
     c.put("cluster_sync", std::span<const std::byte>(state));
   }
   c.put_text("meta", run_meta(step_, finished, last_eval_).dump());
+  return c;
+}
+
+// Every rank writes its file; after a barrier (every file complete) the older ones go.
+void Run::save(bool finished) {
+  at(Activity::checkpointing, step_);
+  const double t0 = now_seconds();
   const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step_);
-  c.write_atomically(path);
+  make_checkpoint(finished).write_atomically(path);
+  at(Activity::waiting_for_saves, step_);
   MPI_Barrier(world_);
   const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
   for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, steps[i]));
@@ -795,7 +889,7 @@ int Run::finish() {
   if (finished) evaluate(step_);
   const bool bad_eval = finished && !std::isfinite(last_eval_);
   const bool save_now = !o_.checkpoint_dir.empty() && !diverged_ && !bad_eval && !finished_before_ &&
-                        last_checkpoint_ != step_;
+                        last_checkpoint_ != step_ && (trained_here_ > 0 || finished);
   if (save_now && nonfinite_streak_ == 0)
     save(finished);
   else if (save_now && rank_ == 0)
@@ -811,17 +905,18 @@ int Run::finish() {
     if (bad_eval)
       std::fprintf(stderr, "dilocox-train: the final evaluation loss is %s: the run diverged; no checkpoint written\n",
                    std::isnan(last_eval_) ? "NaN" : "infinite");
-    if (interrupted_ && stop_signal_ != 0 && o_.checkpoint_dir.empty())
+    if (interrupted_ && stop_signal_ != 0 && o_.checkpoint_dir.empty() && trained_here_ > 0)
       std::fprintf(stderr, "dilocox-train: stopped by %s at step %lld without --checkpoint-dir: the work is lost\n",
                    signal_name(stop_signal_).c_str(), static_cast<long long>(step_));
+    if (metrics_.lost_lines() > 0)
+      std::fprintf(stderr, "dilocox-train: warning: %zu line(s) of --metrics %s were lost (%s)\n",
+                   metrics_.lost_lines(), metrics_.path().c_str(), metrics_.first_error().c_str());
     std::printf("%s\n", s.dump().c_str());
     std::fflush(stdout);
   }
-  if (sync_) sync_.reset();
-  MPI_Comm_free(&stage_comm_);
-  MPI_Comm_free(&cluster_);
+  release();
   if (diverged_ || bad_eval) return 1;
-  return interrupted_ && o_.checkpoint_dir.empty() ? 1 : 0;
+  return interrupted_ && o_.checkpoint_dir.empty() && trained_here_ > 0 ? 1 : 0;
 }
 
 // The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
@@ -839,6 +934,7 @@ json Run::summary() {
          {"interrupted", interrupted_},
          {"diverged", diverged_ || (!interrupted_ && !std::isfinite(last_eval_))},
          {"checkpoint_step", last_checkpoint_ >= 0 && !o_.checkpoint_dir.empty() ? json(last_checkpoint_) : json(nullptr)}};
+  if (metrics_.is_open()) s["metrics_lost_lines"] = metrics_.lost_lines();
   if (sync_) {
     const double wire = sum_over(world_, static_cast<double>(sync_->wire_bytes()));
     const double dense = sum_over(world_, static_cast<double>(sync_->dense_bytes()));
@@ -877,6 +973,13 @@ void print_verdict(const Verdict& v, int rank) {
   if (rank != 0) return;
   for (const auto& line : v.lines) std::fprintf(stderr, "dilocox-train: %s\n", line.c_str());
   std::fflush(stderr);
+}
+
+// The stop signal some rank received before the start agreement (0: none).
+int stop_signal_in(const std::vector<json>& reports) {
+  int sig = 0;
+  for (const auto& r : reports) sig = std::max(sig, r.value("signal", 0));
+  return sig;
 }
 
 // After a go: the step to start from, decided from the reports alike on every rank, so
@@ -919,6 +1022,7 @@ int run_agreed(const TrainOptions& o, Run& run, std::int64_t start, int rank, in
 }  // namespace
 
 int main(int argc, char** argv) {
+  install_stop_signals();  // first: a stop while the run starts or loads ends it cleanly, never kills it
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0, size = 1;
@@ -931,7 +1035,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dilocox-train: note: this MPI library does not provide MPI_THREAD_MULTIPLE: no watchdog, "
                          "a rank that stops answering will hang the others\n");
   if (size > 1 && provided >= MPI_THREAD_MULTIPLE)
-    watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout, o ? o->stages : 0);
+    watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout,
+                     o ? o->progress_timeout : TrainOptions{}.progress_timeout, o ? o->stages : 0);
   std::optional<Run> run;
   json report;
   if (const auto missing = unclassified_flags(); !missing.empty()) {
@@ -944,12 +1049,19 @@ int main(int argc, char** argv) {
   } else {
     report = unparsed_report(std::get<ParseExit>(parsed));
   }
+  report["signal"] = pending_stop_signal();
   const auto reports = gather_reports(MPI_COMM_WORLD, report);
   const Verdict verdict = judge(reports);
+  const int startup_signal = stop_signal_in(reports);
   int rc = verdict.code;
   if (verdict.stop) {
     print_verdict(verdict, rank);
     if (rank == 0 && !o && std::get<ParseExit>(parsed).code == 0) std::printf("%s", std::get<ParseExit>(parsed).text.c_str());
+  } else if (startup_signal != 0) {
+    if (rank == 0)
+      std::fprintf(stderr, "dilocox-train: %s during start-up: stopped before step 1, nothing trained or saved\n",
+                   signal_name(startup_signal).c_str());
+    rc = 0;
   } else if (o->plan) {
     rc = run_agreed(*o, *run, 0, rank, size);
   } else {

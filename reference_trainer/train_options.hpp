@@ -48,12 +48,15 @@ struct TrainOptions {
   int checkpoint_every = 0;         // 0: only by time, at the end and on a stop signal
   double checkpoint_minutes = 10;   // wall-clock minutes between checkpoints (with --checkpoint-dir; 0: off):
                                     //   what a SIGKILL can cost at most
-  bool resume = false;
+  bool resume = false;              // --resume, or --resume-if-present (which sets it too)
+  bool resume_if_present = false;   // --resume that starts at step 0 when the folder holds no checkpoint
   std::int64_t stop_after = 0;      // 0: run to the end of the budget; N: stop (and checkpoint) after N steps
   int eval_every = 50;
   int eval_sequences = 128;
   bool quiet = false;
   double collective_timeout = 60;   // seconds of silence before a rank is declared lost (watchdog.hpp)
+  double progress_timeout = 600;    // seconds a rank may stay at one step and activity (0: off); generous: a
+                                    //   slow evaluation or save must not end a healthy run (watchdog.hpp)
   int max_nonfinite_steps = 10;     // consecutive steps with a NaN/Inf loss (any replica) that end the run
   // Across clusters: K replicas x S stages = mpirun -np K*S; modes in sync_modes.hpp.
   int clusters = 1;
@@ -197,7 +200,10 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--checkpoint-minutes", o.checkpoint_minutes,
                  "minutes of wall clock between checkpoints, the most a SIGKILL can cost (0: off)")
       ->capture_default_str()->check(detail::number_in(0, true, 1e6));
-  app.add_flag("--resume", o.resume, "continue from the newest valid checkpoint in --checkpoint-dir");
+  app.add_flag("--resume", o.resume,
+               "continue from the newest valid checkpoint in --checkpoint-dir (none there: exit 2)");
+  app.add_flag("--resume-if-present", o.resume_if_present,
+               "--resume, or start at step 0 when --checkpoint-dir holds no checkpoint (jobs a scheduler restarts)");
   app.add_option("--stop-after", o.stop_after,
                  "end this invocation after N steps, with a checkpoint; --resume continues (job time limits)")
       ->check(detail::positive);
@@ -209,6 +215,10 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--collective-timeout", o.collective_timeout,
                  "seconds a rank may go unheard (heartbeats each second) before every rank ends the run naming it")
       ->capture_default_str()->check(detail::number_in(2, true, 86400));
+  app.add_option("--progress-timeout", o.progress_timeout,
+                 "seconds a rank may stay at one step and activity (a hung filesystem) before every rank ends the run "
+                 "naming it; at least 5x the longest activity seen so far (0: off)")
+      ->capture_default_str()->check(detail::number_in(0, true, 1e7));
   app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
                  "end the run (exit 1) after this many consecutive steps with a NaN/Inf loss on any replica")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
@@ -287,7 +297,10 @@ inline std::variant<TrainOptions, ParseExit> parse_train_options(int argc, char*
     o.overlap_given = overlap->count() > 0;
     if (o.stop_after > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--stop-after needs --checkpoint-dir");
+    if (o.resume_if_present && o.checkpoint_dir.empty())
+      throw CLI::ValidationError("--resume-if-present needs --checkpoint-dir");
     if (o.resume && o.checkpoint_dir.empty()) throw CLI::ValidationError("--resume needs --checkpoint-dir");
+    o.resume = o.resume || o.resume_if_present;
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--checkpoint-every needs --checkpoint-dir");
     detail::check_link(o.wan_bandwidth, o.wan_latency);

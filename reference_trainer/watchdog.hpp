@@ -1,12 +1,21 @@
-// reference_trainer/watchdog.hpp: no rank waits forever for a peer that stopped. A
-// thread per rank exchanges one small heartbeat a second with rank 0 (the hub: it hears
+// reference_trainer/watchdog.hpp: no rank waits forever for a peer that stopped or hangs.
+// A thread per rank exchanges one small heartbeat a second with rank 0 (the hub: it hears
 // every rank, every rank hears it) on a duplicate of the world communicator that nothing
 // else uses, so heartbeats never queue behind training traffic or the emulated WAN. Each
-// carries the sender's step and what it is doing. A peer unheard for the timeout is
-// lost: the hub tells every live rank, each prints one line naming the lost rank (stage,
-// replica, last step heard), and the job ends (MPI_Abort, exit 1). Not here: a rank that
-// is alive but never arrives at a collective (its heartbeats go on): the start agreement
-// and the flag fingerprint (run_agreement.hpp) remove the causes found so far.
+// carries the sender's step and what it is doing. Two faults end the job (MPI_Abort, exit
+// 1) with one line per live rank naming the culprit (stage, replica, step, activity):
+//   - silence: a peer unheard for --collective-timeout (dead, stopped, its node gone);
+//   - no progress: a rank whose step and activity have not changed for the progress
+//     deadline (max of --progress-timeout and 5x the longest activity seen), judged by
+//     the hub: alive but stuck, e.g. in a write to a hung filesystem. The rank named is
+//     the one stuck longest among those not waiting for the others' saves (the others
+//     wait for it in a collective; a collective the stuck rank never reaches looks alike
+//     on every rank, and then the longest wins).
+// A pause is not a fault: time this thread did not run (the job stopped with SIGSTOP or
+// Ctrl-Z, the VM suspended) is not counted as anyone's silence or lack of progress, so a
+// resumed job waits for fresh heartbeats before judging. Not here: a rank that never
+// arrives at a collective for a reason of its own flags: the start agreement and the
+// flag fingerprint (run_agreement.hpp) remove the causes found so far.
 #pragma once
 
 #include <mpi.h>
@@ -26,7 +35,9 @@
 namespace dilocox::trainer {
 
 // What a rank is doing, as heartbeats report it.
-enum class Activity : std::int32_t { starting, agreeing, loading, training, evaluating, checkpointing, finishing };
+enum class Activity : std::int32_t {
+  starting, agreeing, loading, training, evaluating, checkpointing, waiting_for_saves, finishing
+};
 
 inline const char* to_string(Activity a) {
   switch (a) {
@@ -36,6 +47,7 @@ inline const char* to_string(Activity a) {
     case Activity::training: return "training";
     case Activity::evaluating: return "evaluating";
     case Activity::checkpointing: return "writing a checkpoint";
+    case Activity::waiting_for_saves: return "waiting for the other ranks' checkpoints";
     case Activity::finishing: return "finishing";
   }
   return "?";
@@ -52,8 +64,10 @@ inline std::string describe_rank(int rank, int stages, int world) {
 class Watchdog {
  public:
   // world: every rank (duplicated here). timeout_seconds: silence before a peer is lost.
-  // stages: to name ranks (stage = rank % stages, replica = rank / stages).
-  Watchdog(MPI_Comm world, double timeout_seconds, int stages) : timeout_(timeout_seconds), stages_(stages) {
+  // progress_seconds: the least time at one step and activity before a rank is stuck
+  // (0: never). stages: to name ranks (stage = rank % stages, replica = rank / stages).
+  Watchdog(MPI_Comm world, double timeout_seconds, double progress_seconds, int stages)
+      : timeout_(timeout_seconds), progress_(progress_seconds), stages_(stages) {
     MPI_Comm_dup(world, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -64,8 +78,11 @@ class Watchdog {
   ~Watchdog() { stop(); }
 
   void at(Activity a, std::int64_t step) {
-    activity_.store(static_cast<std::int32_t>(a));
+    const auto code = static_cast<std::int32_t>(a);
+    if (activity_.load() == code && step_.load() == step) return;
+    activity_.store(code);
     step_.store(step);
+    since_.store(Clock::now().time_since_epoch().count());
   }
 
   // The normal end (every rank calls it after its last collective): says goodbye so no
@@ -83,6 +100,7 @@ class Watchdog {
 
  private:
   enum Kind : std::int32_t { beat, bye, lost, ack };
+  enum Reason : std::int32_t { silent, stuck };
   struct Message {
     std::int32_t kind = beat;
     std::int32_t activity = 0;
@@ -90,13 +108,17 @@ class Watchdog {
     std::int32_t subject = -1;            // lost: the rank declared lost
     std::int32_t subject_activity = -1;   // lost: what it was doing when last heard (-1: never heard)
     std::int64_t subject_step = 0;
-    double silent_seconds = 0;
+    double silent_seconds = 0;            // lost: seconds unheard (silent) or at one step and activity (stuck)
+    std::int32_t reason = silent;         // lost: why
+    double limit_seconds = 0;             // lost, stuck: the progress deadline that passed
+    double still_seconds = 0;             // beat: how long the sender has been at this step and activity
   };
   using Clock = std::chrono::steady_clock;
   static constexpr int tag = 0x0dd0;
 
   struct Peer {
     Clock::time_point heard;
+    Clock::time_point changed;  // the hub: when its step or activity last changed
     Message last;           // its last heartbeat
     bool ever = false, gone = false;
     Message out;            // the buffer of the send below
@@ -106,27 +128,80 @@ class Watchdog {
   void run() {
     peers_.assign(static_cast<std::size_t>(size_), Peer{});
     const auto start = Clock::now();
-    for (auto& p : peers_) p.heard = start;
+    for (auto& p : peers_) p.heard = p.changed = start;
     MPI_Irecv(&in_, sizeof in_, MPI_BYTE, MPI_ANY_SOURCE, tag, comm_, &recv_);
-    auto next_beat = start;
+    auto next_beat = start, last_turn = start;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
       lock.unlock();
-      drain();
       const auto now = Clock::now();
+      if (now - last_turn > std::chrono::seconds(1)) {  // this thread did not run (a pause): not silence
+        const auto paused = now - last_turn - turn;
+        for (auto& p : peers_) p.heard += paused, p.changed += paused;
+        since_.fetch_add(std::chrono::duration_cast<Clock::duration>(paused).count());
+        next_beat = now;
+      }
+      last_turn = now;
+      drain();
       if (now >= next_beat) {
-        for (int p : targets()) send(p, Message{beat, activity_.load(), step_.load()});
+        for (int p : targets()) send(p, own_beat(now));
         next_beat = now + std::chrono::seconds(1);
       }
       for (int p : targets()) {
-        const double silent = std::chrono::duration<double>(now - peers_[p].heard).count();
-        if (!peers_[p].gone && silent > timeout_) declare_lost(p, silent);
+        const double unheard = std::chrono::duration<double>(now - peers_[p].heard).count();
+        if (!peers_[p].gone && unheard > timeout_) declare_lost(p, unheard);
       }
+      if (rank_ == 0 && progress_ > 0) judge_progress(now);
       lock.lock();
-      wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stopping_; });
+      wake_.wait_for(lock, turn, [this] { return stopping_; });
     }
     lock.unlock();
     say_goodbye();
+  }
+
+  Message own_beat(Clock::time_point now) const {
+    Message m{beat, activity_.load(), step_.load()};
+    m.still_seconds = std::chrono::duration<double>(now - Clock::time_point(Clock::duration(since_.load()))).count();
+    return m;
+  }
+
+  // The hub: records when each rank's (step, activity) changed (the sender's own count of
+  // seconds since, so a heartbeat's delay does not move it), itself included, and ends
+  // the job when one has stayed put past the deadline.
+  void note_progress(Peer& peer, const Message& m, Clock::time_point now) {
+    if (peer.ever && m.activity == peer.last.activity && m.step == peer.last.step) return;
+    const auto changed = now - std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(m.still_seconds));
+    if (peer.ever) longest_ = std::max(longest_, std::chrono::duration<double>(changed - peer.changed).count());
+    peer.changed = changed;
+  }
+
+  void judge_progress(Clock::time_point now) {
+    auto& self = peers_[0];
+    const Message mine = own_beat(now);
+    note_progress(self, mine, now);
+    self.last = mine;
+    self.ever = true;
+    const double limit = std::max(progress_, 5 * longest_);
+    // Once one rank is past the deadline, the culprit is the rank stuck longest among
+    // those not waiting for the others' saves (a rank waiting is stuck because of
+    // someone); all ranks that have stayed put for half the deadline are candidates, since
+    // on a loaded machine the culprit may have entered its activity a little after the
+    // ranks that now wait for it.
+    int worst = -1, waiting = -1;
+    double worst_for = 0, waiting_for = 0, longest_still = 0;
+    for (int p = 0; p < size_; ++p) {
+      const auto& peer = peers_[static_cast<std::size_t>(p)];
+      if (peer.gone || !peer.ever) continue;
+      const double still = std::chrono::duration<double>(now - peer.changed).count();
+      longest_still = std::max(longest_still, still);
+      if (still < 0.5 * limit) continue;
+      const bool waits = peer.last.activity == static_cast<std::int32_t>(Activity::waiting_for_saves);
+      if (waits && still > waiting_for) waiting = p, waiting_for = still;
+      if (!waits && still > worst_for) worst = p, worst_for = still;
+    }
+    if (longest_still <= limit) return;
+    if (worst < 0) worst = waiting, worst_for = waiting_for;
+    if (worst >= 0) declare_stuck(worst, worst_for, limit);
   }
 
   // The hub talks to everyone; the others to the hub.
@@ -162,6 +237,7 @@ class Watchdog {
       auto& peer = peers_[static_cast<std::size_t>(from)];
       if (m.kind == beat) {
         peer.heard = Clock::now();
+        if (rank_ == 0) note_progress(peer, m, peer.heard);
         peer.last = m;
         peer.ever = true;
       } else if (m.kind == bye) {
@@ -174,32 +250,53 @@ class Watchdog {
     }
   }
 
-  std::string lost_line(int subject, double silent, int activity, std::int64_t step, bool heard) const {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "nothing heard for %.1f s (--collective-timeout %g)", silent, timeout_);
+  std::string lost_line(const Message& m) const {
+    char buf[192];
+    if (m.reason == stuck)
+      std::snprintf(buf, sizeof buf,
+                    "made no progress for %.1f s (deadline %.1f s: --progress-timeout %g, or 5x the longest step or "
+                    "activity seen)",
+                    m.silent_seconds, m.limit_seconds, progress_);
+    else
+      std::snprintf(buf, sizeof buf, "stopped answering: nothing heard for %.1f s (--collective-timeout %g)",
+                    m.silent_seconds, timeout_);
     std::string s = "dilocox-train: " + describe_rank(rank_, stages_, size_) + ": " +
-                    describe_rank(subject, stages_, size_) + " stopped answering: " + buf;
-    if (heard)
-      s += "; last heard at step " + std::to_string(step) + ", " + to_string(static_cast<Activity>(activity));
+                    describe_rank(m.subject, stages_, size_) + " " + buf;
+    if (m.reason == stuck)
+      s += "; still " + std::string(to_string(static_cast<Activity>(m.subject_activity))) + " at step " +
+           std::to_string(m.subject_step);
+    else if (m.subject_activity >= 0)
+      s += "; last heard at step " + std::to_string(m.subject_step) + ", " +
+           to_string(static_cast<Activity>(m.subject_activity));
     else
       s += "; never heard from";
     return s + "; ending the run";
   }
 
-  // This rank found p silent. The hub tells the others and waits (a few seconds at most)
-  // until each has printed its line; a rank that found the hub silent gives the others
-  // (which heard the hub's last heartbeat at the same moment) two seconds to say so too.
-  // Then the job ends.
-  void declare_lost(int p, double silent) {
+  Message notice_of(int p, double seconds, Reason reason, double limit) const {
     const auto& peer = peers_[static_cast<std::size_t>(p)];
-    std::fprintf(stderr, "%s\n", lost_line(p, silent, peer.last.activity, peer.last.step, peer.ever).c_str());
+    Message m{lost, 0, 0, p, peer.ever ? peer.last.activity : -1, peer.last.step, seconds};
+    m.reason = reason;
+    m.limit_seconds = limit;
+    return m;
+  }
+
+  void declare_lost(int p, double seconds) { end_for(notice_of(p, seconds, silent, 0)); }
+  void declare_stuck(int p, double still, double limit) { end_for(notice_of(p, still, stuck, limit)); }
+
+  // This rank found a fault (m names the rank). The hub tells the others and waits (a
+  // few seconds at most) until each has printed its line; a rank that found the hub
+  // silent gives the others (which heard the hub's last heartbeat at the same moment) two
+  // seconds to say so too. Then the job ends.
+  void end_for(const Message& m) {
+    std::fprintf(stderr, "%s\n", lost_line(m).c_str());
     std::fflush(stderr);
     if (rank_ == 0) {
-      notice_ = Message{lost, 0, 0, p, peer.ever ? peer.last.activity : -1, peer.last.step, silent};
+      notice_ = m;
       int told = 0;
       for (int q = 1; q < size_; ++q) {
         auto& other = peers_[static_cast<std::size_t>(q)];
-        if (q == p || other.gone) continue;
+        if ((q == m.subject && m.reason == silent) || other.gone) continue;
         if (other.send != MPI_REQUEST_NULL) MPI_Request_free(&other.send);  // a heartbeat still queued: let it go
         MPI_Isend(&notice_, sizeof notice_, MPI_BYTE, q, tag, comm_, &other.send);
         ++told;
@@ -216,9 +313,7 @@ class Watchdog {
   }
 
   void told_lost(const Message& m) {
-    std::fprintf(stderr, "%s\n",
-                 lost_line(m.subject, m.silent_seconds, m.subject_activity, m.subject_step, m.subject_activity >= 0)
-                     .c_str());
+    std::fprintf(stderr, "%s\n", lost_line(m).c_str());
     std::fflush(stderr);
     send(0, Message{ack});
     const auto deadline = Clock::now() + std::chrono::seconds(10);  // the hub ends the job; if not, this rank does
@@ -255,12 +350,17 @@ class Watchdog {
     MPI_Wait(&recv_, MPI_STATUS_IGNORE);
   }
 
+  static constexpr auto turn = std::chrono::milliseconds(100);  // the thread's period
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   double timeout_;
+  double progress_;
+  double longest_ = 0;  // the hub: the longest any rank has stayed at one step and activity
   int stages_;
   std::atomic<std::int32_t> activity_{static_cast<std::int32_t>(Activity::starting)};
   std::atomic<std::int64_t> step_{0};
+  std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};  // when step_ or activity_ changed
   std::vector<Peer> peers_;  // the thread's own
   Message in_;
   Message notice_;                  // the hub's "lost" message, sent to every live rank

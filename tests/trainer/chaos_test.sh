@@ -106,11 +106,11 @@ for kind in "${plan[@]}"; do
   fi
   done_faults=$((done_faults + 1))
   printf '%-3s %-18s %-10s %-6s %-8s %-10s %s\n' $done_faults $kind "$at" $rc "$took" "${common:-none}" "$note"
-  resume=(--resume)
+  resume=(--resume-if-present)  # a fault before the first save leaves nothing: start over, as a scheduler would
 done
 
 t0=$(now)
-"${mpi[@]}" "$train" "${flags[@]}" --checkpoint-dir ck --checkpoint-every 10 --metrics m.jsonl --resume >final.txt 2>err.txt
+"${mpi[@]}" "$train" "${flags[@]}" --checkpoint-dir ck --checkpoint-every 10 --metrics m.jsonl --resume-if-present >final.txt 2>err.txt
 got=$(field final_eval_loss final.txt)
 echo "resumed to the end in $(since "$t0") s: final_eval_loss $got"
 [[ $got == "$want" ]] || fail "final eval loss $got, uninterrupted $want"

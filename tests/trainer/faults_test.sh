@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # dilocox-train under faults and bad input (issue 13), one case per ctest test:
 #   faults_test.sh CASE TRAIN SHARDS WORKDIR [MPIEXEC]
-# CASE: refusals | diverge | resume_refusals | metrics | first_save | agreement | watchdog | stop.
+# CASE: refusals | diverge | resume_refusals | metrics | first_save | agreement | watchdog | stop,
+# and what an operator meets: pause | stuck_io | folder_lock | resume_nothing | metrics_lost |
+# startup_stop | folder_checks.
 # Multi-rank cases give ranks different flags with a two-part launch (mpirun A : B) and
 # put a deadline on every launch (a hang fails the case instead of the ctest timeout).
 # Each prints what it checks and how long each exit took, and fails on the first mismatch.
@@ -78,7 +80,7 @@ diverge)  # item 6: a run whose loss is NaN/Inf ends with exit 1, keeps its good
   [[ $(field diverged out.txt) == true && $(field final_eval_loss out.txt) == null ]] || fail "summary: $(cat out.txt)"
   steps=$(field steps out.txt)
   [[ $steps -le 15 ]] || fail "--lr 1e10 ran $steps of 100 steps before stopping (10 non-finite steps allowed)"
-  [[ -z $(ls ck) ]] || fail "a diverged model was checkpointed: $(ls ck)"
+  [[ -z $(ls ck | grep '\.ckpt' || true) ]] || fail "a diverged model was checkpointed: $(ls ck)"
   echo "ok ($(since "$t0") s, exit 1 after step $steps of 100, no checkpoint): $(grep diverged err.txt)"
   # a short run that ends on a NaN evaluation before 10 bad steps: exit 1 too
   rc=0
@@ -313,6 +315,189 @@ stop)  # item 1: every way to stop a run keeps the last completed step
   wait $pid || rc=$?
   [[ $rc == 1 ]] && grep -q 'work is lost' err.txt || fail "SIGINT without --checkpoint-dir: exit $rc, $(cat err.txt)"
   echo "ok: SIGINT without --checkpoint-dir: exit 1, $(grep 'work is lost' err.txt)"
+  ;;
+pause)  # a whole job paused past --collective-timeout (SIGSTOP, as a scheduler suspends) carries on
+  need_mpi
+  run=("${grid[@]}" --tokens 150000 --collective-timeout 3)
+  "${mpi[@]}" -n 4 "$train" "${run[@]}" >straight.txt
+  "${mpi[@]}" -n 4 "$train" "${run[@]}" --metrics m.jsonl >out.txt 2>err.txt &
+  pid=$!
+  wait_lines m.jsonl 20
+  ranks=$(pgrep -P $pid | tr '\n' ' ')
+  kill -STOP $pid $ranks
+  sleep 6  # twice the timeout
+  kill -CONT $ranks $pid
+  t0=$(now)
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 0 ]] || fail "paused 6 s with --collective-timeout 3: exit $rc: $(grep -m2 '^dilocox-train' err.txt)"
+  [[ $(field steps out.txt) -gt $(grep -c '"type":"step"' <<<"$(head -20 m.jsonl)") ]] || fail "summary: $(cat out.txt)"
+  want=$(field final_eval_loss straight.txt) got=$(field final_eval_loss out.txt)
+  [[ $got == "$want" ]] || fail "paused run: final eval loss $got, uninterrupted $want"
+  echo "ok: paused 6 s (timeout 3 s), finished $(since "$t0") s after SIGCONT with the uninterrupted loss $got"
+  ;;
+stuck_io)  # a rank blocked opening its checkpoint (a hung filesystem: a FIFO) ends every rank, named
+  need_mpi
+  every=200
+  "${mpi[@]}" -n 4 "$train" "${grid[@]}" --tokens 100000000 --checkpoint-dir ck --checkpoint-every $every \
+    --progress-timeout 4 --metrics m.jsonl >out.txt 2>err.txt &
+  pid=$!
+  wait_lines m.jsonl 1  # past the start check, which removes stale temporaries
+  mkfifo "ck/stage1of2-replica0of2-step$(printf %08d $every).ckpt.tmp"
+  wait_lines m.jsonl $every
+  t0=$(now)
+  wait_gone $pid 40 || { kill -9 $pid $(pgrep -P $pid) 2>/dev/null; fail "still hanging 40 s after step $every"; }
+  took=$(since "$t0")
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc != 0 ]] || fail "a rank stuck in open(): exit 0"
+  who="rank 1 (stage 1, replica 0) made no progress"
+  lines=$(grep -c -- "$who" err.txt || true)
+  [[ $lines == 4 ]] || fail "expected every rank to name $who, got $lines lines: $(grep '^dilocox-train' err.txt)"
+  grep -q -- "$who.*still writing a checkpoint at step $every" err.txt || fail "no activity: $(grep -m1 -- "$who" err.txt)"
+  echo "ok ($took s after step $every, exit $rc): $(grep -m1 -- "$who" err.txt)"
+  ;;
+folder_lock)  # a second run into a folder in use is refused, naming the holder; the first is untouched
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ck --metrics a.jsonl >a.txt 2>a.err &
+  pid=$!
+  wait_lines a.jsonl 3
+  expect_refusal 2 "in use by another run (host $(hostname), pid $pid, started" "$train" "${tiny[@]}" --tokens 2048 \
+    --checkpoint-dir ck --metrics b.jsonl
+  [[ ! -s b.jsonl ]] || fail "the refused run wrote its metrics"
+  if [[ -n $mpiexec ]]; then  # another layout, every rank: refused all the same
+    expect_refusal 2 "in use by another run" "${mpi[@]}" -n 2 "$train" "${tiny[@]}" --stages 2 --tokens 2048 \
+      --checkpoint-dir ck
+  fi
+  kill -USR1 $pid
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 0 && $(field interrupted a.txt) == true ]] || fail "the first run: exit $rc, $(cat a.txt a.err)"
+  saved=$(field checkpoint_step a.txt)
+  [[ -e ck/stage0of1-step$(printf %08d "$saved").ckpt ]] || fail "its checkpoint of step $saved: $(ls ck)"
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ck --resume --stop-after 1 >out.txt 2>err.txt ||
+    fail "resume after the holder ended: $(cat err.txt)"
+  [[ $(field steps out.txt) == $((saved + 1)) ]] || fail "resumed: $(cat out.txt)"
+  echo "ok: the holder ended (checkpoint step $saved), the folder is free again, resumed to step $((saved + 1))"
+  ;;
+resume_nothing)  # --resume with nothing to resume: exit 2, metrics untouched; --resume-if-present starts
+  "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir ck --metrics m.jsonl >/dev/null
+  cp m.jsonl before.jsonl
+  mkdir -p empty
+  expect_refusal 2 'no checkpoint in empty to resume' "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir empty \
+    --resume --metrics m.jsonl
+  cmp -s m.jsonl before.jsonl || fail "--resume into an empty folder changed the metrics file"
+  expect_refusal 2 'typo does not exist here' "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir typo --resume \
+    --metrics m.jsonl
+  [[ ! -e typo ]] || fail "--resume created the folder it did not find"
+  cmp -s m.jsonl before.jsonl || fail "--resume of a missing folder changed the metrics file"
+  "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir fresh --resume-if-present --metrics f.jsonl >out.txt 2>err.txt
+  grep -q 'starting at step 0 (--resume-if-present)' err.txt || fail "--resume-if-present: $(cat err.txt)"
+  [[ $(field steps out.txt) == 32 ]] || fail "--resume-if-present: $(cat out.txt)"
+  "$train" "${tiny[@]}" --tokens 8192 --checkpoint-dir ck2 --checkpoint-every 8 --stop-after 16 --metrics r.jsonl \
+    >/dev/null
+  "$train" "${tiny[@]}" --tokens 8192 --checkpoint-dir ck2 --resume-if-present --stop-after 4 --metrics r.jsonl \
+    >out.txt
+  [[ $(field steps out.txt) == 20 && $(grep -c '"type":"step"' r.jsonl) == 20 ]] ||
+    fail "--resume-if-present with a checkpoint: $(cat out.txt); $(wc -l <r.jsonl) metrics lines"
+  echo "ok: --resume with nothing: exit 2, metrics byte for byte; --resume-if-present: step 0 when empty, step 16 when saved"
+  ;;
+metrics_lost)  # a full metrics filesystem (or /dev/full) is not silent; a file deleted mid-run is created anew
+  "$train" "${tiny[@]}" --tokens 4096 --metrics /dev/full >out.txt 2>err.txt || fail "--metrics /dev/full: $(cat err.txt)"
+  grep -q 'warning: writing --metrics /dev/full failed (No space left on device)' err.txt || fail "no warning: $(cat err.txt)"
+  grep -q 'warning: 33 line(s) of --metrics /dev/full were lost' err.txt || fail "no final count: $(cat err.txt)"
+  [[ $(field metrics_lost_lines out.txt) == 33 ]] || fail "summary: $(cat out.txt)"
+  echo "ok: /dev/full: $(head -1 err.txt)"
+  if [[ $(id -u) == 0 ]] && mkdir -p small && mount -t tmpfs -o size=16k tmpfs small 2>/dev/null; then
+    rc=0
+    "$train" "${tiny[@]}" --tokens 100000 --metrics small/m.jsonl >out.txt 2>err.txt || rc=$?
+    umount small
+    lost=$(field metrics_lost_lines out.txt)
+    [[ $rc == 0 && $lost -gt 0 ]] || fail "a 16 KiB metrics filesystem: exit $rc, lost ${lost:-?}: $(cat err.txt)"
+    grep -q 'No space left on device' err.txt || fail "no warning: $(cat err.txt)"
+    echo "ok: a 16 KiB tmpfs: $lost lines lost, warned, exit 0"
+  else
+    echo "note: a small tmpfs could not be mounted here (not root, or not permitted): /dev/full only"
+  fi
+  "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir ckd --metrics d.jsonl >out.txt 2>err.txt &
+  pid=$!
+  wait_lines d.jsonl 5
+  rm d.jsonl
+  wait_lines d.jsonl 5
+  kill -USR1 $pid
+  wait $pid || fail "deleted metrics: exit $?"
+  grep -q 'removed or replaced during the run' err.txt || fail "no note: $(cat err.txt)"
+  echo "ok: deleted mid-run: a new file, $(wc -l <d.jsonl) lines, $(grep -o 'removed or replaced.*' err.txt | head -1)"
+  ;;
+startup_stop)  # a stop while the run starts, or during --resume's load, ends every rank with exit 0
+  need_mpi
+  flags=("${grid[@]}" --tokens 100000000 --checkpoint-dir ck --metrics m.jsonl)
+  for delay in 0.5 0.2; do
+    rm -rf ck m.jsonl
+    "${mpi[@]}" -n 4 "$train" "${flags[@]}" >out.txt 2>err.txt &
+    pid=$!
+    sleep $delay
+    t0=$(now)
+    kill -USR1 $pid
+    rc=0
+    wait $pid || rc=$?
+    [[ $rc == 0 ]] || fail "SIGUSR1 to mpirun $delay s after launch: exit $rc: $(grep -m2 . err.txt)"
+    steps=$(field steps out.txt || true)
+    echo "ok ($(since "$t0") s, exit 0): SIGUSR1 to mpirun $delay s after launch:" \
+      "$(grep -m1 -o 'SIGUSR1 during start-up.*' err.txt || echo "stopped after step ${steps:-?}")"
+  done
+  # During --resume's load: SIGTERM to a rank while it holds its checkpoint open (a larger
+  # model, so that reading it takes a while); the checkpoints are left as they were.
+  big=(--layers 2 --embd 512 --heads 8 --vocab 64 --data-dir data --batch 2 --seq-len 32 --eval-every 0 --quiet
+       --clusters 2 --stages 2 --micro-batches 2 --local-steps 3 --tokens 100000000 --checkpoint-dir ckb)
+  "${mpi[@]}" -n 4 "$train" "${big[@]}" --stop-after 2 >/dev/null
+  sums=$(md5sum ckb/*.ckpt)
+  caught=""
+  for attempt in 1 2 3 4 5; do
+    "${mpi[@]}" -n 4 "$train" "${big[@]}" --resume >out.txt 2>err.txt &
+    pid=$!
+    victim=""
+    for _ in $(seq 1 4000); do
+      [[ -n $victim ]] || victim=$(rank_pid $pid 3)
+      if [[ -n $victim ]] && ls -l /proc/$victim/fd 2>/dev/null | grep -q '\.ckpt$'; then
+        kill -TERM $victim
+        caught=$attempt
+        break
+      fi
+      kill -0 $pid 2>/dev/null || break
+    done
+    [[ -n $caught ]] && break
+    kill -USR1 $pid 2>/dev/null || true
+    wait $pid || true
+    sums=$(md5sum ckb/*.ckpt)  # that attempt trained a step and saved
+  done
+  [[ -n $caught ]] || fail "never saw rank 3 reading its checkpoint in 5 attempts"
+  rc=0
+  wait $pid || rc=$?
+  [[ $rc == 0 ]] || fail "SIGTERM to a rank during --resume's load: exit $rc: $(grep -m2 . err.txt)"
+  grep -q 'SIGTERM during start-up' err.txt || fail "no start-up stop: $(cat err.txt) $(cat out.txt)"
+  [[ "$(md5sum ckb/*.ckpt)" == "$sums" ]] || fail "the checkpoints changed: $(ls -l ckb)"
+  echo "ok (attempt $caught): SIGTERM to rank 3 while it read its checkpoint: exit 0, $(grep -o 'SIGTERM during start-up.*' err.txt), checkpoints byte for byte"
+  ;;
+folder_checks)  # refused before step 1: a checkpoint path too long for the run's files, a folder too small
+  # The test write's own name fits in PATH_MAX (4096) here, the checkpoint temporaries' do not.
+  deep=$PWD
+  while [[ $(( ${#deep} + 220 )) -lt 4068 ]]; do deep=$deep/$(printf 'd%.0s' $(seq 1 200)); done
+  deep=$deep/$(printf 'e%.0s' $(seq 1 $((4068 - ${#deep} - 1))))
+  [[ ${#deep} == 4068 ]] || fail "path of ${#deep} characters"
+  expect_refusal 2 'File name too long' "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir "$deep" --metrics m.jsonl
+  [[ ! -s m.jsonl ]] || fail "steps were trained before the long path was refused"
+  echo "ok: a --checkpoint-dir of ${#deep} characters refused at start"
+  if [[ $(id -u) == 0 ]] && mkdir -p small && mount -t tmpfs -o size=1m tmpfs small 2>/dev/null; then
+    rc=0
+    "$train" "${tiny[@]}" --tokens 4096 --checkpoint-dir small/ck --metrics m.jsonl >out.txt 2>err.txt || rc=$?
+    umount small
+    [[ $rc == 2 ]] || fail "a 1 MiB folder for 3 checkpoints of 1.3 MB: exit $rc: $(cat err.txt)"
+    grep -q 'MB short; free space or choose another folder' err.txt || fail "message: $(cat err.txt)"
+    [[ ! -s m.jsonl ]] || fail "steps were trained before the small folder was refused"
+    echo "ok: $(grep -o 'small/ck has.*short' err.txt)"
+  else
+    echo "note: a small tmpfs could not be mounted here (not root, or not permitted): the room check is not run"
+  fi
   ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -3,6 +3,8 @@
 // file and replaces the old file whole; listing finds the steps newest first; the
 // folder's layouts, stale temporaries of one prefix, and the test write.
 #include "checkpoint.hpp"
+#include "checkpoint_folder.hpp"
+#include "metrics_file.hpp"
 
 #include <gtest/gtest.h>
 
@@ -122,5 +124,62 @@ TEST(Checkpoint, TestWriteNamesAnUnusableFolder) {
   } catch (const dilocox::Error& e) {
     EXPECT_NE(std::string(e.what()).find("afile/x: cannot create the folder"), std::string::npos) << e.what();
   }
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointFolder, TestWriteUsesTheLongestNameTheRunWrites) {
+  const auto dir = temp_dir();
+  EXPECT_EQ(longest_checkpoint_name("stage0of1", 32), std::string("stage0of1-step00000032.ckpt.tmp").size());
+  EXPECT_EQ(longest_checkpoint_name("stage0of1", 1234567890), std::string("stage0of1-step1234567890.ckpt.tmp").size());
+  // A name of 300 characters exceeds NAME_MAX (255): the probe fails where the short
+  // "<prefix>.write-test" alone would pass.
+  EXPECT_NO_THROW(probe_checkpoint_dir(dir, "stage0of1", 40));
+  try {
+    probe_checkpoint_dir(dir, "stage0of1", 300);
+    ADD_FAILURE() << "a 300-character file name was accepted";
+  } catch (const dilocox::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("File name too long"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::is_empty(dir));
+  fs::remove_all(dir);
+}
+
+TEST(CheckpointFolder, ASecondLockIsRefusedNamingTheHolder) {
+  const auto dir = temp_dir();
+  fs::create_directories(dir);
+  {
+    FolderLock held(dir, "dilocox.lock");
+    try {
+      FolderLock second(dir, "dilocox.lock");  // another open file: flock refuses it even in one process
+      ADD_FAILURE() << "the lock was taken twice";
+    } catch (const dilocox::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("is in use by another run (host "), std::string::npos) << what;
+      EXPECT_NE(what.find("pid " + std::to_string(::getpid()) + ", started "), std::string::npos) << what;
+    }
+  }
+  EXPECT_NO_THROW(FolderLock(dir, "dilocox.lock"));  // released with its holder
+  fs::remove_all(dir);
+}
+
+TEST(MetricsFile, ALostLineIsCountedAndNeverLeftHalfWritten) {
+  MetricsFile full;
+  full.open("/dev/full", true);
+  EXPECT_NE(full.write("{\"step\":1}").find("No space left on device"), std::string::npos);
+  EXPECT_EQ(full.write("{\"step\":2}"), "");  // warned once
+  EXPECT_EQ(full.lost_lines(), 2u);
+  const auto dir = temp_dir();
+  fs::create_directories(dir);
+  const auto path = (dir / "m.jsonl").string();
+  MetricsFile m;
+  m.open(path, false);
+  EXPECT_EQ(m.write("{\"step\":1}"), "");
+  fs::remove(path);
+  EXPECT_NE(m.write("{\"step\":2}").find("removed or replaced"), std::string::npos);
+  EXPECT_EQ(m.write("{\"step\":3}"), "");
+  std::ifstream in(path);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(all, "{\"step\":2}\n{\"step\":3}\n");
+  EXPECT_EQ(m.lost_lines(), 0u);
   fs::remove_all(dir);
 }
