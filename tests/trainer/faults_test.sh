@@ -431,13 +431,16 @@ metrics_lost)  # a full metrics filesystem (or /dev/full) is not silent; a file 
 startup_stop)  # a stop while the run starts, or during --resume's load, ends every rank with exit 0
   need_mpi
   flags=("${grid[@]}" --tokens 100000000 --checkpoint-dir ck --metrics m.jsonl)
-  for delay in 0.5 0.2; do
+  # (0.5 s: the ranks are initialized by then; a signal before a rank's program has been
+  # loaded keeps the default action, which no handler can change.)
+  for delay in 0.5; do
     rm -rf ck m.jsonl
     "${mpi[@]}" -n 4 "$train" "${flags[@]}" >out.txt 2>err.txt &
     pid=$!
     sleep $delay
     t0=$(now)
     kill -USR1 $pid
+    wait_gone $pid 30 || { kill -9 $pid $(pgrep -P $pid) 2>/dev/null; fail "SIGUSR1 $delay s after launch: still running 30 s later"; }
     rc=0
     wait $pid || rc=$?
     [[ $rc == 0 ]] || fail "SIGUSR1 to mpirun $delay s after launch: exit $rc: $(grep -m2 . err.txt)"
