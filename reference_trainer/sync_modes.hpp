@@ -32,7 +32,9 @@ struct SyncOptions {
   std::optional<bool> overlap;   // unset: the mode's default
   bool adaptive = true;          // dilocox: adaptive rank and H
   int fragments = 1;             // streaming fragments
-  Rebase rebase = Rebase::keep;
+  std::optional<Rebase> rebase;  // unset: the mode's (keep; Streaming DiLoCo: mix, or overwrite without overlap)
+  std::optional<int> overlap_steps;          // unset: the mode's tau
+  std::optional<MomentumAt> momentum_at;     // unset: the mode's
   std::optional<float> outer_lr, outer_momentum;  // unset: the mode's outer step
   double step_seconds = 0;       // modelled seconds per inner step (overlap floor of H); 0: none
   LinkConfig link{1e9, 0.0};
@@ -46,6 +48,8 @@ struct SyncMode {
   std::vector<int> bits;            // accepted --bits; the first is the default
   bool overlap = true;              // default of --overlap
   std::function<AnyCompressor(const SyncOptions&)> make;  // null when per_step
+  int overlap_steps = 0;            // overlap as Streaming DiLoCo: tau steps, then mix; 0: the one-step delay
+  MomentumAt momentum_at = MomentumAt::replica;  // where the outer momentum runs
 };
 
 namespace detail {
@@ -64,14 +68,16 @@ inline const std::vector<SyncMode>& sync_modes() {
       {"allreduce", "the fp32 gradient, averaged every step (the baseline)",
        "every step, fp32 ring allreduce", true, {32}, false, nullptr},
       {"diloco", "every H steps the dense pseudo-gradient, --bits 32|16|8|4",
-       "4-bit pseudo-gradient with overlap (Streaming DiLoCo, arXiv 2501.18512); Nesterov outer step lr 0.7 "
-       "(DiLoCo, arXiv 2311.08455) with momentum 0.5, not 0.9 (measured: docs/RESULTS.md)",
+       "4-bit pseudo-gradient, overlap as Streaming DiLoCo (arXiv 2501.18512: reduce 1 step before the turn, mix "
+       "alpha 0.5, momentum on the mean); Nesterov outer step lr 0.7 (DiLoCo, arXiv 2311.08105) with momentum 0.5, "
+       "not 0.9 (measured: docs/RESULTS.md)",
        false, {4, 8, 16, 32}, true,
        [](const SyncOptions& o) -> AnyCompressor {
          return DenseCompressor({.codec = detail::dense_codec(o.bits ? o.bits : 4)});
-       }},
+       },
+       1, MomentumAt::mean},
       {"cocktail", "every H steps: random 25% x top 10% x int4 values, error feedback (CocktailSGD)",
-       "random 25% subset, top 10% of it, int4 values, error feedback (CocktailSGD, arXiv 2306.08295); "
+       "random 25% subset, top 10% of it, int4 values, error feedback (CocktailSGD, ICML 2023); "
        "overlap and the outer step as diloco",
        false, {4, 8}, true,
        [](const SyncOptions& o) -> AnyCompressor {
@@ -79,9 +85,10 @@ inline const std::vector<SyncMode>& sync_modes() {
          c.quant.bits = o.bits ? o.bits : 4;
          return CocktailCompressor(c);
        }},
-      {"sparseloco", "every H steps: top-64 of each 4096 entries, 2-bit values, decayed error feedback (SparseLoCo)",
-       "top-k 1.56% per 4096-entry chunk, 2-bit values, error feedback decayed by 0.95 in place of outer "
-       "momentum, plain averaged outer step lr 1 (SparseLoCo, arXiv 2508.15706); overlap on",
+      {"sparseloco", "every H steps: top-64 of each 64x64 tile, 2-bit values, decayed error feedback (SparseLoCo)",
+       "top-64 per tile of up to 64 x 64 (biases whole), 2-bit values in a per-tensor 4-bin codebook, error "
+       "feedback decayed by 0.95 in place of outer momentum, plain averaged outer step lr 1, replicas restart "
+       "from the global model (SparseLoCo, arXiv 2508.15706); overlap on",
        false, {2}, true, [](const SyncOptions&) -> AnyCompressor { return SparseLoCoCompressor(); }},
       {"dilocox", "every H steps: low rank (power iteration) + int4 factors + error feedback, adaptive rank",
        "low rank from r0 8 (adaptive up to r_max 32) with int4 factors, int8 small tensors, error feedback, "
@@ -131,9 +138,14 @@ inline OuterLoopConfig outer_loop_config(const SyncMode& m, const SyncOptions& o
   cfg.local_steps = o.local_steps;
   cfg.min_local_steps = std::min(cfg.min_local_steps, o.local_steps);
   cfg.max_local_steps = std::max(o.max_local_steps, o.local_steps);
-  cfg.overlap = o.overlap.value_or(m.overlap);
+  const bool overlap = o.overlap.value_or(m.overlap);
+  const int tau = overlap ? o.overlap_steps.value_or(m.overlap_steps) : 0;
+  cfg.overlap = overlap && tau == 0;
+  cfg.overlap_steps = tau;
   cfg.fragments = o.fragments;
-  cfg.rebase = o.rebase;
+  const Rebase streaming = tau > 0 ? Rebase::mix : Rebase::overwrite;  // Streaming DiLoCo, or DiLoCo
+  cfg.rebase = o.rebase.value_or(m.overlap_steps > 0 ? streaming : Rebase::keep);
+  cfg.momentum_at = o.momentum_at.value_or(m.momentum_at);
   cfg.step_seconds = o.step_seconds;
   cfg.link = o.link;
   if (o.outer_lr || o.outer_momentum) {

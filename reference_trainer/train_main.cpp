@@ -114,8 +114,14 @@ SyncOptions resolve_sync(const TrainOptions& o) {
   if (o.overlap_given) s.overlap = o.overlap;
   s.adaptive = !o.no_adaptive;
   s.fragments = o.fragments;
-  s.rebase = o.rebase == "keep" ? dilocox::Rebase::keep
-             : o.rebase == "overwrite" ? dilocox::Rebase::overwrite : dilocox::Rebase::blend;
+  if (!o.rebase.empty())
+    s.rebase = o.rebase == "keep"        ? dilocox::Rebase::keep
+               : o.rebase == "overwrite" ? dilocox::Rebase::overwrite
+               : o.rebase == "mix"       ? dilocox::Rebase::mix
+                                         : dilocox::Rebase::blend;
+  if (o.overlap_steps >= 0) s.overlap_steps = o.overlap_steps;
+  if (!o.momentum_at.empty())
+    s.momentum_at = o.momentum_at == "mean" ? dilocox::MomentumAt::mean : dilocox::MomentumAt::replica;
   if (o.outer_lr > 0) s.outer_lr = o.outer_lr;
   if (o.outer_momentum >= 0) s.outer_momentum = o.outer_momentum;
   s.step_seconds = o.step_seconds;

@@ -70,7 +70,9 @@ struct TrainOptions {
   bool overlap_given = false;
   bool no_adaptive = false;
   int fragments = 1;                // streaming fragments
-  std::string rebase = "keep";
+  std::string rebase;               // "": the mode's
+  int overlap_steps = -1;           // < 0: the mode's tau
+  std::string momentum_at;          // "": the mode's
   float outer_lr = 0;               // 0: the mode's outer step
   float outer_momentum = -1;        // < 0: the mode's outer step
   double step_seconds = 0;          // modelled seconds per inner step (overlap floor of H); 0: none
@@ -245,8 +247,16 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_flag("--no-adaptive", o.no_adaptive, "dilocox: fixed rank and H")->group(g);
   app.add_option("--fragments", o.fragments, "streaming: F fragments, synced in turn through each round")
       ->capture_default_str()->check(CLI::Range(1, 4096))->group(g);
-  app.add_option("--rebase", o.rebase, "after an overlapped sync: keep | overwrite | blend")->capture_default_str()
-      ->check(CLI::IsMember({"keep", "overwrite", "blend"}))->group(g);
+  app.add_option("--rebase", o.rebase,
+                 "the local model after a sync: keep | overwrite | blend | mix (default: the mode's)")
+      ->check(CLI::IsMember({"keep", "overwrite", "blend", "mix"}))->group(g);
+  app.add_option("--overlap-steps", o.overlap_steps,
+                 "overlap as Streaming DiLoCo: reduce this many steps before each turn (default: the mode's; "
+                 "0: the one-step delay)")
+      ->check(CLI::Range(0, 1000000))->group(g);
+  app.add_option("--momentum-at", o.momentum_at,
+                 "outer momentum on each replica's step before compression, or on the reduced mean (default: the mode's)")
+      ->check(CLI::IsMember({"replica", "mean"}))->group(g);
   app.add_option("--outer-lr", o.outer_lr, "outer learning rate (default: the mode's)")
       ->check(detail::positive_float)->group(g);
   app.add_option("--outer-momentum", o.outer_momentum, "outer Nesterov momentum (default: the mode's)")

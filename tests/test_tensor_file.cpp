@@ -300,12 +300,14 @@ void append_payload(Bytes& out, dx::PayloadHeader h, const std::string& name, co
       dx::quantize(val, std::span(body).subspan(idx.size() * 4), h.quant);
       break;
     }
-    case dx::PayloadKind::sparse_chunked: {  // the first k positions of each chunk
+    case dx::PayloadKind::sparse_tiled: {  // the first positions of each tile
+      const dx::TiledCode c = dx::tiled_code(h.quant, h.nnz);
+      const dx::TileGrid g = dx::tile_grid(h.shape, c);
       std::vector<std::uint32_t> picked;
-      for (std::size_t base = 0; base < x.size(); base += h.quant.block)
-        for (std::uint32_t p = 0; p < std::min<std::size_t>(h.nnz, x.size() - base); ++p) picked.push_back(p);
-      body.resize(dx::chunked_encoded_size(x.size(), dx::chunked_code(h.quant, h.nnz)));
-      dx::encode_chunked(x, picked, dx::chunked_code(h.quant, h.nnz), body);
+      for (std::size_t t = 0; t < g.tiles(); ++t)
+        for (std::uint32_t p = 0; p < g.kept; ++p) picked.push_back(p);
+      body.resize(dx::tiled_encoded_size(h.shape, c));
+      dx::encode_tiled(x, h.shape, picked, c, body);
       break;
     }
   }
@@ -334,7 +336,7 @@ TEST_F(TensorFilePayload, EveryKindBackToBackWithNamesAndShapes) {
       {"w", {K::dense_f32, {3, 4}, {}}},          {"h", {K::dense_f16, {5}, {}}},
       {"b", {K::dense_bf16, {2, 3}, {}}},         {"q8", {K::quantized, {2, 2, 3}, int8_bf16}},
       {"q4", {K::quantized, {3, 5}, int4}},       {"sq", {K::sparse_quantized, {4, 6}, int4}},
-      {"sc", {K::sparse_chunked, {2, 10}, {.bits = 2, .block = 8}, 3}}, {"", {K::dense_f32, {2, 2}, {}}},
+      {"st", dx::tiled_header({4, 10}, {.tile = 4, .k = 4})}, {"", {K::dense_f32, {2, 2}, {}}},
   };
   Bytes file;
   std::vector<std::vector<float>> originals;

@@ -97,7 +97,7 @@ inline void decode_add(const PayloadView& v, std::span<float> out) {
       }
       return;
     case PayloadKind::quantized: dequantize_add(v.body, out, h.quant); return;
-    case PayloadKind::sparse_chunked: decode_chunked_add(v.body, out, chunked_code(h.quant, h.nnz)); return;
+    case PayloadKind::sparse_tiled: decode_tiled_add(v.body, h.shape, tiled_code(h.quant, h.nnz), out); return;
     case PayloadKind::sparse_quantized: {
       thread_local std::vector<float> values;  // (nnz) decoded entries
       values.resize(h.nnz);

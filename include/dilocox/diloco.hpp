@@ -39,20 +39,35 @@
 
 namespace dilocox {
 
-enum class Rebase : std::uint8_t { keep, overwrite, blend };
+enum class Rebase : std::uint8_t { keep, overwrite, blend, mix };
 
 inline const char* to_string(Rebase r) {
-  return r == Rebase::keep ? "keep" : r == Rebase::overwrite ? "overwrite" : "blend";
+  return r == Rebase::keep ? "keep" : r == Rebase::overwrite ? "overwrite" : r == Rebase::blend ? "blend" : "mix";
 }
+
+// Where the outer momentum runs. replica: each replica applies it to its own
+// pseudo-gradient before compression, error feedback carries the momentum step, and
+// theta moves by lr x the mean of what was sent; with lossless syncs this is DiLoCo's
+// theta, and with lossy ones what compression drops is sent later once instead of being
+// amplified by momentum. mean: DiLoCo's published form, momentum on the reduced mean;
+// with compressed or overlapped syncs it diverged at momentum 0.9 (docs/RESULTS.md).
+enum class MomentumAt : std::uint8_t { replica, mean };
+
+inline const char* to_string(MomentumAt m) { return m == MomentumAt::replica ? "replica" : "mean"; }
 
 struct OuterLoopConfig {
   int local_steps = 50;       // H0: inner steps per round at the compressor's initial setting (DiLoCo: 50-500)
   int min_local_steps = 1;    // clamps of H when the compressor asks for another (adaptive) or the
   int max_local_steps = 1000; //   overlap floor binds
   int fragments = 1;          // F: streaming fragments, each synced once per round, staggered
-  bool overlap = true;        // one-step delay: reduce a sync behind the next round's compute
-  Rebase rebase = Rebase::keep;  // with overlap: phi <- theta - delta (keep), theta, theta - a delta
-  float blend = 0.5f;         // a, for Rebase::blend
+  bool overlap = true;        // one-step delay (DiLoCoX): reduce a sync behind the next round's compute
+  // tau (Streaming DiLoCo): a fragment's reduction starts tau inner steps before its turn
+  // and is applied at its turn, then merged by Rebase::mix; 0: none. Needs overlap off;
+  // H is kept >= (tau + 1) F so that one reduction at a time is in flight.
+  int overlap_steps = 0;
+  Rebase rebase = Rebase::keep;  // after a sync: phi <- theta - what theta lacks of this replica (keep), theta, or a blend
+  float blend = 0.5f;         // the share kept, for Rebase::blend; alpha for Rebase::mix
+  MomentumAt momentum_at = MomentumAt::replica;  // measured stable at momentum 0.9 in every mode
   std::optional<NesterovConfig> outer{};  // unset: the compressor's outer_step(), else NesterovConfig{}
   double step_seconds = 0;    // modelled seconds of one inner step, for the overlap floor of H; 0: no floor
   std::optional<LinkConfig> link{};  // the link that floor uses; unset: the communicator's link(), if any
@@ -129,6 +144,7 @@ class OuterLoop {
     for (const auto& p : params_) specs.push_back({p.name, p.shape});
     compressor_.setup(specs);
     outer_config_ = config_.outer ? *config_.outer : compressor_.outer_step().value_or(NesterovConfig{});
+    warn_unsafe_settings();
     check_replicas_agree();
     for (const auto& p : params_) {
       theta_.emplace_back(p.data.begin(), p.data.end());
@@ -160,8 +176,12 @@ class OuterLoop {
 
   // Whether the next step() syncs (a trainer with parameters elsewhere, e.g. on a GPU,
   // brings them to the host first), and which fragment syncs next.
-  bool next_step_syncs() const { return next_fragment_ < fragments() && step_in_round_ + 1 >= boundary(next_fragment_); }
-  int next_fragment() const { return next_fragment_; }
+  bool next_step_syncs() const {
+    const int tau = config_.overlap_steps, f = in_flight();
+    return (next_fragment_ < fragments() && step_in_round_ + 1 >= boundary(next_fragment_) - tau) ||
+           (f >= 0 && tau > 0 && step_in_round_ + 1 >= boundary(f));
+  }
+  int next_fragment() const { return next_fragment_ < fragments() ? next_fragment_ : 0; }  // next to start
 
   // Call after every inner step. Syncs the fragments whose turn it is; returns the
   // syncs applied (empty on most steps). When it returns anything, phi has changed.
@@ -169,7 +189,11 @@ class OuterLoop {
     for (auto& f : fragments_) ++f.steps;
     ++step_in_round_;
     std::vector<SyncStats> out;
-    while (next_fragment_ < fragments() && step_in_round_ >= boundary(next_fragment_)) sync_next(out);
+    if (config_.overlap_steps > 0) {
+      stream(out);
+    } else {
+      while (next_fragment_ < fragments() && step_in_round_ >= boundary(next_fragment_)) sync_next(out);
+    }
     if (step_in_round_ >= local_steps_) new_round();
     return out;
   }
@@ -180,7 +204,12 @@ class OuterLoop {
     for (auto& f : fragments_) f.steps += local_steps_ - step_in_round_;
     step_in_round_ = local_steps_;
     std::vector<SyncStats> out;
-    while (next_fragment_ < fragments()) sync_next(out);
+    if (config_.overlap_steps > 0) {
+      stream(out);  // applies the fragment in flight, starts the rest
+      while (in_flight() >= 0) stream(out);
+    } else {
+      while (next_fragment_ < fragments()) sync_next(out);
+    }
     new_round();
     return out;
   }
@@ -192,7 +221,9 @@ class OuterLoop {
     std::vector<SyncStats> out;
     for (int i = 0; i < fragments(); ++i) {  // oldest first: the queue's order
       const int f = (next_fragment_ + i) % fragments();
-      if (fragments_[static_cast<std::size_t>(f)].pending) out.push_back(apply(f));
+      if (!fragments_[static_cast<std::size_t>(f)].pending) continue;
+      out.push_back(apply(f));
+      if (config_.overlap_steps > 0) merge(f);  // its anchor moves to theta, as at its turn
     }
     for (int f = 0; f < fragments(); ++f) {
       Fragment& fr = fragments_[static_cast<std::size_t>(f)];
@@ -285,7 +316,7 @@ class OuterLoop {
   static constexpr std::uint64_t state_tag = 0x3230524554554f44ULL;  // "DOUTER02"
 
   struct Slot {  // one sync's buffers, owned by its background reduction until applied
-    std::vector<std::vector<float>> delta;  // (fragment tensors) pseudo-gradient, read by the trainer's thread
+    std::vector<std::vector<float>> delta;  // (fragment tensors) pseudo-gradient or momentum step, read by the trainer's thread
     std::vector<std::vector<float>> x;      // (fragment tensors) its copy, compressed by the reduction
     std::vector<std::vector<float>> mean;   // (fragment tensors) the reduced mean
     int self_bad = -1;                      // first non-finite tensor (global index) of this replica
@@ -314,6 +345,15 @@ class OuterLoop {
     detail::require(config_.fragments >= 1 && static_cast<std::size_t>(config_.fragments) <= params_.size(),
                     "OuterLoop", "fragments must be in [1, number of tensors = " + std::to_string(params_.size()) + "]");
     detail::require(config_.blend >= 0 && config_.blend <= 1, "OuterLoop", "blend must be in [0, 1]");
+    if (config_.overlap_steps != 0) {
+      detail::require(config_.overlap_steps > 0 && !config_.overlap, "OuterLoop",
+                      "overlap_steps (Streaming DiLoCo) must be >= 0 and needs overlap (the one-step delay) off");
+      detail::require(config_.rebase == Rebase::mix || config_.rebase == Rebase::overwrite, "OuterLoop",
+                      "overlap_steps merges the delayed update as Streaming DiLoCo: rebase must be mix or overwrite");
+      detail::require(config_.local_steps >= (config_.overlap_steps + 1) * config_.fragments, "OuterLoop",
+                      "overlap_steps " + std::to_string(config_.overlap_steps) + " needs local_steps >= (overlap_steps + 1) x fragments = " +
+                          std::to_string((config_.overlap_steps + 1) * config_.fragments));
+    }
     detail::require(std::isfinite(config_.step_seconds) && config_.step_seconds >= 0, "OuterLoop",
                     "step_seconds must be finite and >= 0");
     for (const auto& p : params_)
@@ -352,6 +392,29 @@ class OuterLoop {
     return static_cast<int>(((f + 1) * h + n - 1) / n);
   }
 
+  // Streaming DiLoCo's schedule: the fragment in flight is applied and merged at its
+  // turn; the next one starts tau steps before its own.
+  void stream(std::vector<SyncStats>& out) {
+    const int f = in_flight();
+    if (f >= 0 && step_in_round_ >= boundary(f)) {
+      out.push_back(apply(f));
+      merge(f);
+    }
+    if (in_flight() < 0 && next_fragment_ < fragments() &&
+        step_in_round_ >= boundary(next_fragment_) - config_.overlap_steps)
+      start(next_fragment_++);
+  }
+  void merge(int f) {
+    const Fragment& fr = fragments_[static_cast<std::size_t>(f)];
+    rebase(fr, nullptr, nullptr);
+    copy_anchor(fr);
+  }
+  int in_flight() const {
+    for (int f = 0; f < fragments(); ++f)
+      if (fragments_[static_cast<std::size_t>(f)].pending) return f;
+    return -1;
+  }
+
   void sync_next(std::vector<SyncStats>& out) {
     const int f = next_fragment_++;
     Fragment& fr = fragments_[static_cast<std::size_t>(f)];
@@ -370,7 +433,8 @@ class OuterLoop {
     if (applied) out.push_back(std::move(*applied));
   }
 
-  // delta = anchor - phi for fragment f, then its reduction in the background.
+  // delta = anchor - phi for fragment f (with momentum at the replica: its momentum
+  // step), then its reduction in the background.
   Slot& start(int f) {
     check_start();
     Fragment& fr = fragments_[static_cast<std::size_t>(f)];
@@ -384,6 +448,11 @@ class OuterLoop {
       if (slot.self_bad < 0 && !all_finite(d)) slot.self_bad = static_cast<int>(t);
       std::copy(d.begin(), d.end(), slot.x[j].begin());
     }
+    if (config_.momentum_at == MomentumAt::replica && slot.self_bad < 0)
+      for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
+        outer_[fr.tensors[j]].momentum_direction(slot.x[j]);
+        std::copy(slot.x[j].begin(), slot.x[j].end(), slot.delta[j].begin());
+      }
     slot.sync = next_sync_++;
     slot.round = round_;
     slot.steps = fr.steps;
@@ -442,7 +511,11 @@ class OuterLoop {
     }
     fr.pending = false;
     if (slot.report.contributors > 0)
-      for (std::size_t j = 0; j < fr.tensors.size(); ++j) outer_[fr.tensors[j]].step(theta_[fr.tensors[j]], slot.mean[j]);
+      for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
+        auto& outer = outer_[fr.tensors[j]];
+        if (config_.momentum_at == MomentumAt::replica) outer.descend(theta_[fr.tensors[j]], slot.mean[j]);
+        else outer.step(theta_[fr.tensors[j]], slot.mean[j]);
+      }
     fr.self_dropped = slot.self_bad >= 0;
     return stats_of(fr, f, slot, timing);
   }
@@ -483,7 +556,7 @@ class OuterLoop {
   void new_round() {
     int h = config_.local_steps;
     if (hint_weight_ > 0) h = static_cast<int>(std::lround(config_.local_steps * hint_sum_ / hint_weight_));
-    int lo = config_.min_local_steps;
+    int lo = std::max(config_.min_local_steps, (config_.overlap_steps + 1) * fragments());
     if (config_.step_seconds > 0 && round_comm_seconds_ > 0)  // the overlap floor, from modelled seconds
       lo = std::max(lo, static_cast<int>(std::min<double>(config_.max_local_steps,
                                                           std::ceil(round_comm_seconds_ / config_.step_seconds))));
@@ -494,12 +567,22 @@ class OuterLoop {
     ++round_;
   }
 
-  // phi = theta - a (delta of `current` + what `owed` left owed), the progress of this
-  // replica that theta does not hold yet (keep: a = 1; blend: a; overwrite: phi = theta).
-  // A replica dropped now or last time restarts from theta.
+  // mix: phi = (1 - alpha) theta + alpha phi, and the anchor is theta (Streaming DiLoCo).
+  // Otherwise phi = theta - a (delta of `current` + what `owed` left owed), where theta will be
+  // once this replica's part lands, as far as the replica knows (keep: a = 1, or the
+  // outer lr with momentum at the replica, whose steps theta takes times lr; blend: that
+  // times the blend; overwrite: phi = theta). A replica dropped now or last time
+  // restarts from theta.
   void rebase(const Fragment& fr, const Slot* current, const Slot* owed) {
     const bool reset = config_.rebase == Rebase::overwrite || (current && current->self_bad >= 0) || fr.self_dropped;
-    const float a = config_.rebase == Rebase::blend ? config_.blend : 1.0f;
+    if (config_.rebase == Rebase::mix && !reset) {  // Streaming DiLoCo: phi = (1 - alpha) theta + alpha phi
+      for (std::size_t t : fr.tensors)
+        for (std::size_t i = 0; i < theta_[t].size(); ++i)
+          params_[t].data[i] = (1 - config_.blend) * theta_[t][i] + config_.blend * params_[t].data[i];
+      return;
+    }
+    const float a = (config_.rebase == Rebase::blend ? config_.blend : 1.0f) *
+                    (config_.momentum_at == MomentumAt::replica ? outer_config_.lr : 1.0f);
     for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
       const std::size_t t = fr.tensors[j];
       const auto phi = params_[t].data;
@@ -515,8 +598,11 @@ class OuterLoop {
   void set_phi_to_theta(const Fragment& fr) {
     for (std::size_t t : fr.tensors) std::copy(theta_[t].begin(), theta_[t].end(), params_[t].data.begin());
   }
-  void copy_anchor(const Fragment& fr) {
-    for (std::size_t t : fr.tensors) std::copy(params_[t].data.begin(), params_[t].data.end(), anchor_[t].begin());
+  void copy_anchor(const Fragment& fr) {  // the next pseudo-gradient's origin: phi, or theta (mix)
+    for (std::size_t t : fr.tensors) {
+      const auto& from = config_.rebase == Rebase::mix ? std::span<const float>(theta_[t]) : std::span<const float>(params_[t].data);
+      std::copy(from.begin(), from.end(), anchor_[t].begin());
+    }
   }
 
   void save_slot(StateWriter& w, const Slot& s, double ran_seconds) const {
@@ -568,7 +654,9 @@ class OuterLoop {
     const std::string cfg = compressor_.describe() + "|H" + std::to_string(config_.local_steps) + "[" +
                             std::to_string(config_.min_local_steps) + "," + std::to_string(config_.max_local_steps) +
                             "]|F" + std::to_string(config_.fragments) + "|overlap" + std::to_string(config_.overlap) +
-                            "|" + to_string(config_.rebase) + std::to_string(config_.blend) + "|outer" +
+                            "," + std::to_string(config_.overlap_steps) +
+                            "|" + to_string(config_.rebase) + std::to_string(config_.blend) + "|momentum at " +
+                            to_string(config_.momentum_at) + "|outer" +
                             std::to_string(outer_config_.lr) + "," + std::to_string(outer_config_.momentum) + "," +
                             std::to_string(outer_config_.nesterov) + "|seed" + std::to_string(config_.seed);
     std::vector<std::uint64_t> mine = {t, hash_of(cfg)};
@@ -600,6 +688,22 @@ class OuterLoop {
                            " (initialize every replica identically, e.g. from the same seed, or broadcast)";
       }
     if (!config_.defer_start_check && !unequal_start_.empty()) throw Error(unequal_start_);
+  }
+
+  // Settings measured unsafe on tests/convergence (docs/RESULTS.md), said through `log`.
+  void warn_unsafe_settings() const {
+    if (!config_.log || outer_config_.momentum <= 0.5f) return;
+    const std::string mu = "dilocox: warning: outer momentum " + detail::number(outer_config_.momentum);
+    std::vector<TensorSpec> specs;
+    for (const auto& p : params_) specs.push_back({p.name, p.shape});
+    const bool residual = compressor_.state_bytes(specs).value_or(1) > 0;  // error feedback re-sends what it kept
+    if (config_.momentum_at == MomentumAt::mean && residual)
+      config_.log(mu + " on the reduced mean, with a compressor that keeps a residual, diverged on tests/convergence "
+                       "(low rank: docs/RESULTS.md); momentum_at = MomentumAt::replica runs it stably");
+    if (config_.overlap)
+      config_.log(mu + " with the one-step-delay overlap diverged (least squares, SGD inner steps) on "
+                       "tests/convergence (docs/RESULTS.md); momentum 0.5, or overlap_steps (Streaming DiLoCo) "
+                       "instead, ran it stably");
   }
 
   // The start-weight check, deferred to the first sync unless load_state() resumed.

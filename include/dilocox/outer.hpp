@@ -1,7 +1,9 @@
 // dilocox/outer.hpp: the outer optimizer of DiLoCo rounds, SGD with (Nesterov)
-// momentum on the averaged pseudo-gradient Delta (the direction to subtract):
+// momentum on a pseudo-gradient Delta (the direction to subtract):
 //   v <- mu v + Delta;   theta <- theta - lr (Delta + mu v)   (Nesterov)
 //                        theta <- theta - lr v                (heavy ball)
+// in one call (step), or split: momentum_direction() on a replica's own Delta, then
+// descend() by the reduced directions (OuterLoop's MomentumAt::replica).
 // Host memory, standard library only. Not here: the inner optimizer (the trainer's).
 #pragma once
 
@@ -31,6 +33,27 @@ class NesterovOuterOptimizer {
     detail::require(std::isfinite(config.lr) && config.lr > 0, "NesterovOuterOptimizer", "lr must be > 0");
     detail::require(std::isfinite(config.momentum) && config.momentum >= 0 && config.momentum < 1,
                     "NesterovOuterOptimizer", "momentum must be in [0, 1)");
+  }
+
+  // v <- mu v + delta; then delta <- the direction step() would move theta along, over lr
+  // (delta + mu v, or v without Nesterov).
+  void momentum_direction(std::span<float> delta) {
+    detail::require(delta.size() == v_.size(), "NesterovOuterOptimizer::momentum_direction",
+                    "span has " + std::to_string(delta.size()) + " elements, the state has " + std::to_string(v_.size()));
+    const float mu = config_.momentum;
+    float* v = v_.data();
+    for (std::size_t i = 0; i < v_.size(); ++i) {
+      v[i] = mu * v[i] + delta[i];
+      delta[i] = config_.nesterov ? delta[i] + mu * v[i] : v[i];
+    }
+  }
+
+  // theta <- theta - lr direction (a direction momentum_direction() made, reduced).
+  void descend(std::span<float> theta, std::span<const float> direction) const {
+    detail::require(theta.size() == v_.size() && direction.size() == v_.size(), "NesterovOuterOptimizer::descend",
+                    "spans have " + std::to_string(theta.size()) + " and " + std::to_string(direction.size()) +
+                        " elements, the state has " + std::to_string(v_.size()));
+    for (std::size_t i = 0; i < v_.size(); ++i) theta[i] -= config_.lr * direction[i];
   }
 
   void step(std::span<float> theta, std::span<const float> delta) {

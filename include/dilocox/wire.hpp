@@ -2,7 +2,7 @@
 // wire. Layout (little-endian), 96-byte header then name, body, checksum:
 //   0 magic "DLCX" | 4 u16 version | 6 u16 kind | 8 u8 ndim | 9 u8 bits | 10 u8 rounding
 //   11 u8 scale format | 12 u32 block | 16 u64 seed | 24 u64 dims[6] | 72 u64 count
-//   80 u16 name length | 82 u16 zero | 84 u32 nnz (sparse: entries; chunked: per chunk)
+//   80 u16 name length | 82 u16 zero | 84 u32 nnz (sparse: entries; tiled: per tile)
 //   88 u64 body length | 96 name | body | u64 checksum
 // Every field, byte by byte, with each kind's body: docs/WIRE.md.
 // The checksum (checksum.hpp) covers every byte before it. Needs only the standard
@@ -36,14 +36,15 @@ enum class PayloadKind : std::uint16_t {
   dense_f16 = 3,         // body: count IEEE binary16 values
   dense_bf16 = 4,        // body: count bfloat16 values
   sparse_quantized = 5,  // body: nnz u32 indices (< count), then quantize() of nnz values
-  sparse_chunked = 6,    // body: encode_chunked() of count values, chunk = quant.block, k = nnz, bits 2
+  // 6 is retired (a flat chunked top-k code); a reader refuses it as unknown.
+  sparse_tiled = 7,      // body: encode_tiled() of the tensor `shape`, tile side = quant.block, k = nnz, bits 2
 };
-inline constexpr std::uint16_t max_payload_kind = 6;
+inline constexpr std::uint16_t max_payload_kind = 7;
 
 inline bool uses_quant(PayloadKind k) { return k == PayloadKind::quantized || k == PayloadKind::sparse_quantized; }
 
-// The chunked code a sparse_chunked header describes.
-inline ChunkedCode chunked_code(const QuantConfig& q, std::uint32_t nnz) { return {q.block, nnz, q.scale}; }
+// The tiled code a sparse_tiled header describes (range_sigmas only shapes encoding).
+inline TiledCode tiled_code(const QuantConfig& q, std::uint32_t nnz) { return {q.block, nnz}; }
 
 struct PayloadHeader {
   PayloadKind kind = PayloadKind::dense_f32;
@@ -60,9 +61,17 @@ inline std::size_t body_size(const PayloadHeader& h) {
     case PayloadKind::dense_f16:
     case PayloadKind::dense_bf16: return h.shape.numel() * 2;
     case PayloadKind::sparse_quantized: return std::size_t{h.nnz} * 4 + encoded_size(h.nnz, h.quant);
-    case PayloadKind::sparse_chunked: return chunked_encoded_size(h.shape.numel(), chunked_code(h.quant, h.nnz));
+    case PayloadKind::sparse_tiled: return tiled_encoded_size(h.shape, tiled_code(h.quant, h.nnz));
   }
   throw Error("wire: unknown payload kind " + std::to_string(static_cast<int>(h.kind)));
+}
+
+// The header of a tensor of `shape` under the tiled code c.
+inline PayloadHeader tiled_header(const Shape& shape, const TiledCode& c) {
+  PayloadHeader h{PayloadKind::sparse_tiled, shape, {}, c.k};
+  h.quant.bits = 2;
+  h.quant.block = c.tile;
+  return h;
 }
 
 // Total bytes of a payload with this header and name.
@@ -91,10 +100,11 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
                   "name longer than " + std::to_string(wire_max_name) + " bytes");
   detail::require(h.shape.ndim <= max_ndim, "begin_payload", "shape has too many dimensions");
   if (uses_quant(h.kind)) validate(h.quant);
-  if (h.kind == PayloadKind::sparse_chunked) {
-    validate(chunked_code(h.quant, h.nnz));
-    detail::require(h.quant.bits == 2 && h.quant.rounding == Rounding::nearest && h.quant.seed == 0, "begin_payload",
-                    "a chunked sparse payload has bits 2, nearest rounding and seed 0");
+  if (h.kind == PayloadKind::sparse_tiled) {
+    validate(tiled_code(h.quant, h.nnz));
+    detail::require(h.quant.bits == 2 && h.quant.rounding == Rounding::nearest && h.quant.seed == 0 &&
+                        h.quant.scale == ScaleFormat::fp32,
+                    "begin_payload", "a tiled sparse payload has bits 2, nearest rounding, seed 0 and fp32 scales");
   } else {
     detail::require(h.kind == PayloadKind::sparse_quantized ? h.nnz <= h.shape.numel() : h.nnz == 0, "begin_payload",
                     "nnz " + std::to_string(h.nnz) + " does not fit the kind and shape");
@@ -108,7 +118,7 @@ inline std::span<std::byte> begin_payload(const PayloadHeader& h, std::string_vi
   put<std::uint16_t>(b, 4, wire_version);
   put<std::uint16_t>(b, 6, static_cast<std::uint16_t>(h.kind));
   put<std::uint8_t>(b, 8, static_cast<std::uint8_t>(h.shape.ndim));
-  if (uses_quant(h.kind) || h.kind == PayloadKind::sparse_chunked) {
+  if (uses_quant(h.kind) || h.kind == PayloadKind::sparse_tiled) {
     put<std::uint8_t>(b, 9, static_cast<std::uint8_t>(h.quant.bits));
     put<std::uint8_t>(b, 10, static_cast<std::uint8_t>(h.quant.rounding));
     put<std::uint8_t>(b, 11, static_cast<std::uint8_t>(h.quant.scale));
@@ -177,7 +187,7 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
 
   PayloadView v;
   const auto kind = get<std::uint16_t>(b, 6);
-  if (kind < 1 || kind > max_payload_kind) fail("unknown kind " + std::to_string(kind));
+  if (kind < 1 || kind > max_payload_kind || kind == 6) fail("unknown kind " + std::to_string(kind));
   v.header.kind = static_cast<PayloadKind>(kind);
   const auto ndim = get<std::uint8_t>(b, 8);
   if (ndim > max_ndim) fail("ndim " + std::to_string(ndim) + " > " + std::to_string(max_ndim));
@@ -196,26 +206,25 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
   if (count != get<std::uint64_t>(b, 72)) fail("count does not match the shape " + v.header.shape.str());
   if (get<std::uint16_t>(b, 82) != 0) fail("reserved header bytes are not zero");
   v.header.nnz = get<std::uint32_t>(b, 84);
-  const bool chunked = v.header.kind == PayloadKind::sparse_chunked;
-  if (!chunked && (v.header.kind == PayloadKind::sparse_quantized ? v.header.nnz > count : v.header.nnz != 0))
+  const bool tiled = v.header.kind == PayloadKind::sparse_tiled;
+  if (!tiled && (v.header.kind == PayloadKind::sparse_quantized ? v.header.nnz > count : v.header.nnz != 0))
     fail("nnz " + std::to_string(v.header.nnz) + " does not fit the kind and count");
-  if (chunked) {
+  if (tiled) {
     v.header.quant.bits = get<std::uint8_t>(b, 9);
     v.header.quant.rounding = static_cast<Rounding>(get<std::uint8_t>(b, 10));
     v.header.quant.scale = static_cast<ScaleFormat>(get<std::uint8_t>(b, 11));
     v.header.quant.block = get<std::uint32_t>(b, 12);
     v.header.quant.seed = get<std::uint64_t>(b, 16);
-    if (v.header.quant.bits != 2 || v.header.quant.rounding != Rounding::nearest || v.header.quant.seed != 0)
-      fail("a chunked sparse payload has bits 2, nearest rounding and seed 0");
+    if (v.header.quant.bits != 2 || v.header.quant.rounding != Rounding::nearest || v.header.quant.seed != 0 ||
+        v.header.quant.scale != ScaleFormat::fp32)
+      fail("a tiled sparse payload has bits 2, nearest rounding, seed 0 and fp32 scales");
     try {
-      validate(chunked_code(v.header.quant, v.header.nnz));
+      validate(tiled_code(v.header.quant, v.header.nnz));
     } catch (const Error& e) {
       fail(e.what());
     }
-    // Each chunk carries two scales: bound the chunk count by the body before sizing it.
-    const std::uint64_t chunks = count / v.header.quant.block + (count % v.header.quant.block ? 1 : 0);
-    if (chunks > body_len / (2 * scale_bytes(v.header.quant.scale)) ||
-        chunks > body_len * 8 / (std::uint64_t{v.header.nnz} * (chunk_index_bits(v.header.quant.block) + 2)) + 1)
+    // At least one entry is kept per 4096 elements: bound the count by the body before sizing it.
+    if (count / (max_sparse_tile * max_sparse_tile) > body_len)
       fail("body of " + std::to_string(body_len) + " bytes is too short for " + std::to_string(count) + " elements");
   } else if (uses_quant(v.header.kind)) {
     v.header.quant.bits = get<std::uint8_t>(b, 9);
@@ -236,7 +245,7 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
   std::uint64_t elem_bound = body_len * 2 + 2;  // quantized: at least half a byte per element
   if (v.header.kind == PayloadKind::dense_f32) elem_bound = body_len / 4;
   if (v.header.kind == PayloadKind::dense_f16 || v.header.kind == PayloadKind::dense_bf16) elem_bound = body_len / 2;
-  if (v.header.kind == PayloadKind::sparse_quantized || chunked) elem_bound = count;  // bounded by nnz, chunks
+  if (v.header.kind == PayloadKind::sparse_quantized || tiled) elem_bound = count;  // bounded by nnz, tiles
   if (count > elem_bound) fail("body of " + std::to_string(body_len) + " bytes is too short for " + std::to_string(count) + " elements");
   if (body_size(v.header) != body_len)
     fail("body of " + std::to_string(body_len) + " bytes, expected " + std::to_string(body_size(v.header)));
@@ -247,9 +256,9 @@ inline PayloadView read_payload(std::span<const std::byte> in) {
       if (get<std::uint32_t>(v.body.data(), 4 * std::size_t{i}) >= count)
         fail("sparse index " + std::to_string(i) + " outside the tensor");
   }
-  if (chunked) {
+  if (tiled) {
     try {
-      check_chunked_indices(v.body, count, chunked_code(v.header.quant, v.header.nnz));
+      check_tiled(v.body, v.header.shape, tiled_code(v.header.quant, v.header.nnz));
     } catch (const Error& e) {
       fail(e.what());
     }

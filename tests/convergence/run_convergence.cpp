@@ -1,14 +1,17 @@
 // run_convergence: the convergence suite (ctest label `convergence`). Trains each task
 // of tasks.hpp on K in-process replicas (ThreadCommunicator) with the per-step gradient
-// average (AllReduce) and with every compressor at its library defaults through
-// OuterLoop, Adam and SGD inner, overlap on and off; checks that every run ends within
-// a stated factor of AllReduce's validation loss and never diverges.
+// average (AllReduce) and with every compressor through OuterLoop at the published outer
+// momentum 0.9 and at the library defaults, Adam and SGD inner, overlap on and off; checks
+// that every run ends within a stated factor of AllReduce's validation loss and never
+// diverges (or that the library warned about the setting).
 //   run_convergence --suite [--quick]        the whole grid: a table, exit 1 on a miss
 //   run_convergence --task T --method M ...  one run, one JSON line (studies)
-// One-run flags: --task, --method (allreduce|dense|cocktail|sparseloco|dilocox), --inner
-// (adam|sgd), --overlap 0|1, --replicas K, --steps N, --local-steps H, --fragments F,
+// One-run flags: --task, --method (allreduce or a --sync mode of the trainer: diloco,
+// cocktail, sparseloco, dilocox, with its schedule), --inner (adam|sgd), --overlap 0|1,
+// --overlap-steps T, --replicas K, --steps N, --local-steps H, --fragments F,
 // --seed S, --lr X, and knobs over the defaults: --outer-lr, --outer-momentum,
-// --nesterov 0|1, --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1.
+// --nesterov 0|1, --momentum-at replica|mean, --rebase keep|overwrite|blend|mix, --blend A,
+// --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1 (sparseloco: keep_residual).
 #include "tasks.hpp"
 
 #include <dilocox/comm/thread.hpp>
@@ -17,6 +20,8 @@
 #include <dilocox/compress/lowrank.hpp>
 #include <dilocox/compress/sparse.hpp>
 #include <dilocox/diloco.hpp>
+
+#include "sync_modes.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -58,7 +63,7 @@ struct InnerOptimizer {
 
 // Per task: the suite's budget and replicas, and the inner learning rates, chosen on the
 // AllReduce baseline with the tuning seed (1) from {1e-3, 3e-3, 1e-2, 3e-2} (Adam) and
-// {0.02, 0.1, 0.3, 1} (SGD).
+// {0.02, 0.1, 0.3, 1} (SGD); wide_mlp takes a trainer's own settings as they came.
 struct TaskSetting {
   int steps, replicas;
   float adam_lr, sgd_lr;
@@ -67,6 +72,7 @@ const std::map<std::string, TaskSetting>& task_settings() {
   static const std::map<std::string, TaskSetting> s = {
       {"least_squares", {4000, 4, 1e-2f, 0.3f}},
       {"mlp_regression", {1000, 2, 1e-3f, 0.02f}},
+      {"wide_mlp", {2000, 2, 1e-3f, 0.05f}},
       {"classifier", {2000, 3, 3e-3f, 0.1f}},
       {"gpt", {600, 2, 3e-3f, 0.3f}}};
   return s;
@@ -81,13 +87,15 @@ struct Run {
   bool overlap = true;
   int replicas = 2, steps = 2000, local_steps = 20, fragments = 1;
   std::uint64_t seed = 1;
-  std::optional<float> lr, outer_lr, outer_momentum, error_decay;
+  std::optional<float> lr, outer_lr, outer_momentum, error_decay, blend;
   std::optional<bool> nesterov, adaptive, ef;
   std::optional<int> rank, max_rank, bits;
-  std::string rebase = "keep";
+  std::optional<std::string> rebase, momentum_at;  // unset: the mode's
+  std::optional<int> overlap_steps;                // unset: the mode's
 };
 
 struct Result {
+  std::string warning;  // the first warning the library logged
   double initial = 0, final_loss = 0, best = 0;
   bool diverged = false;
   double ratio_vs_allreduce = 0, ratio_vs_fp32 = 0, low_rank = 0, seconds = 0;
@@ -95,11 +103,12 @@ struct Result {
 };
 
 dx::AnyCompressor make_compressor(const Run& r) {
-  if (r.method == "dense") {
+  if (r.method == "diloco") {  // 4 bits, as the trainer's --sync diloco, unless --bits says otherwise
     dx::DenseConfig c;
-    if (r.bits) c.codec = *r.bits == 32   ? dx::Codec{dx::Encoding::f32, {}}
-                          : *r.bits == 16 ? dx::Codec{dx::Encoding::f16, {}}
-                                          : dx::Codec{dx::Encoding::quantized, {.bits = *r.bits, .block = 128}};
+    const int bits = r.bits.value_or(4);
+    c.codec = bits == 32   ? dx::Codec{dx::Encoding::f32, {}}
+              : bits == 16 ? dx::Codec{dx::Encoding::f16, {}}
+                           : dx::Codec{dx::Encoding::quantized, {.bits = bits, .block = 128}};
     if (r.ef) c.error_feedback = *r.ef;
     if (r.error_decay) c.error_decay = *r.error_decay;
     return dx::DenseCompressor(c);
@@ -149,19 +158,30 @@ Result run(const Run& r) {
         named.push_back({s.name, s.shape, task->params().subspan(at, s.shape.numel())});
         at += s.shape.numel();
       }
-      dx::OuterLoopConfig cfg;
-      cfg.local_steps = r.local_steps;
-      cfg.max_local_steps = std::max(cfg.max_local_steps, r.local_steps);
-      cfg.overlap = r.overlap;
-      cfg.fragments = r.fragments;
-      cfg.rebase = r.rebase == "overwrite" ? dx::Rebase::overwrite : dx::Rebase::keep;
-      if (r.outer_lr || r.outer_momentum || r.nesterov) {
-        dx::NesterovConfig o = make_compressor(r).outer_step().value_or(dx::NesterovConfig{});
-        if (r.outer_lr) o.lr = *r.outer_lr;
-        if (r.outer_momentum) o.momentum = *r.outer_momentum;
-        if (r.nesterov) o.nesterov = *r.nesterov;
-        cfg.outer = o;
+      // The schedule each mode runs in the trainer (sync_modes.hpp), then this run's knobs.
+      dx::trainer::SyncOptions so;
+      so.mode = r.method;
+      so.local_steps = r.local_steps;
+      so.max_local_steps = std::max(so.max_local_steps, r.local_steps);
+      so.overlap = r.overlap;
+      so.overlap_steps = r.overlap_steps;
+      so.fragments = r.fragments;
+      if (r.rebase) so.rebase = *r.rebase == "overwrite" ? dx::Rebase::overwrite
+                                : *r.rebase == "blend"   ? dx::Rebase::blend
+                                : *r.rebase == "mix"     ? dx::Rebase::mix
+                                                         : dx::Rebase::keep;
+      if (r.momentum_at) so.momentum_at = *r.momentum_at == "mean" ? dx::MomentumAt::mean : dx::MomentumAt::replica;
+      so.outer_lr = r.outer_lr, so.outer_momentum = r.outer_momentum;
+      dx::OuterLoopConfig cfg = dx::trainer::outer_loop_config(dx::trainer::sync_mode(r.method), so, make_compressor(r));
+      if (r.blend) cfg.blend = *r.blend;
+      if (r.nesterov) {
+        cfg.outer = cfg.outer.value_or(make_compressor(r).outer_step().value_or(dx::NesterovConfig{}));
+        cfg.outer->nesterov = *r.nesterov;
       }
+      cfg.log = [&](const std::string& line) {
+        std::lock_guard lock(m);
+        if (line.find("warning") != std::string::npos && res.warning.empty()) res.warning = line;
+      };
       loop.emplace(comm, std::move(named), make_compressor(r), cfg);
     }
     for (std::int64_t s = 0; s < r.steps; ++s) {
@@ -222,6 +242,7 @@ bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
     else if (a == "--method") r.method = v;
     else if (a == "--inner") r.inner = v;
     else if (a == "--overlap") r.overlap = v != "0";
+    else if (a == "--overlap-steps") r.overlap_steps = std::stoi(v);
     else if (a == "--replicas") r.replicas = std::stoi(v);
     else if (a == "--steps") r.steps = std::stoi(v);
     else if (a == "--local-steps") r.local_steps = std::stoi(v);
@@ -238,22 +259,72 @@ bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
     else if (a == "--ef") r.ef = v != "0";
     else if (a == "--bits") r.bits = std::stoi(v);
     else if (a == "--rebase") r.rebase = v;
+    else if (a == "--blend") r.blend = std::stof(v);
+    else if (a == "--momentum-at") r.momentum_at = v;
     else return false;
   }
   return true;
 }
 
 // ---- the suite ------------------------------------------------------------------------
-// Every compressor at its defaults against AllReduce, per task and inner optimizer;
-// a run passes when it does not diverge and ends within `factor` of AllReduce's loss.
+// Every compressor against AllReduce, per task and inner optimizer, overlap on and off,
+// at the published outer momentum 0.9 (Nesterov lr 0.7) and at the library's defaults;
+// SparseLoCo has no outer momentum: its published settings are its defaults. A run
+// passes when it does not diverge and ends within `factor` of AllReduce's loss. A known
+// limitation (below) must miss, and where the library warns about the setting the run
+// must have logged that warning; one that passes is reported, so the list cannot go stale.
+struct Limitation {
+  std::string task, method, inner;  // inner "": either
+  int overlap;                      // -1: either
+  float momentum;                   // 0: any
+  bool warns;                       // the library warns about this setting
+  const char* why;
+};
+const std::vector<Limitation>& known_limitations() {
+  static const std::vector<Limitation> l = {
+      {"least_squares", "sparseloco", "", -1, 0, false,
+       "published SparseLoCo restarts replicas from the global model; with heterogeneous targets and inner steps "
+       "that reach each replica's optimum, each accumulator keeps re-sending its replica's own pull "
+       "(keep_residual = true: 16-18, within 2x)"},
+      {"least_squares", "dilocox", "sgd", 1, 0.9f, true,
+       "momentum 0.9 with the one-step delay on a heterogeneous full-batch quadratic: the library warns"}};
+  return l;
+}
+const Limitation* limitation(const Run& r) {
+  for (const auto& l : known_limitations())
+    if (l.task == r.task && l.method == r.method && (l.inner.empty() || l.inner == r.inner) &&
+        (l.overlap < 0 || l.overlap == (r.overlap ? 1 : 0)) && (l.momentum == 0 || r.outer_momentum == l.momentum))
+      return &l;
+  return nullptr;
+}
+
+struct Column {
+  std::string method;
+  bool overlap;
+  bool published_momentum;  // outer momentum 0.9 (else the library's default)
+};
+std::vector<Column> suite_columns() {
+  std::vector<Column> c;
+  for (const char* m : {"diloco", "cocktail", "dilocox"})
+    for (bool mu9 : {true, false})
+      for (bool ov : {true, false}) c.push_back({m, ov, mu9});
+  for (bool ov : {true, false}) c.push_back({"sparseloco", ov, false});
+  return c;
+}
+std::string column_name(const Column& c) {
+  return c.method + (c.method == "sparseloco" ? "" : c.published_momentum ? " mu 0.9" : " default") +
+         (c.overlap ? ", overlap" : ", no overlap");
+}
+
 int run_suite(bool quick, double factor, const std::string& only) {
-  const std::vector<std::string> methods = {"dense", "cocktail", "sparseloco", "dilocox"};
+  const auto columns = suite_columns();
   std::printf("| task | inner | AllReduce |");
-  for (const auto& m : methods) std::printf(" %s, overlap | %s, no overlap |", m.c_str(), m.c_str());
+  for (const auto& c : columns) std::printf(" %s |", column_name(c).c_str());
   std::printf("\n|---|---|---:|");
-  for (std::size_t i = 0; i < 2 * methods.size(); ++i) std::printf("---:|");
+  for (std::size_t i = 0; i < columns.size(); ++i) std::printf("---:|");
   std::printf("\n");
   int failed = 0;
+  std::vector<std::string> notes;
   for (const auto& [task, setting] : task_settings()) {
     if (!only.empty() && task != only) continue;
     for (const char* inner : {"adam", "sgd"}) {
@@ -264,23 +335,34 @@ int run_suite(bool quick, double factor, const std::string& only) {
       const Result b = run(base);
       std::fprintf(stderr, "%s\n", json(base, b).c_str());
       std::printf("| %s (K=%d, %d steps) | %s | %.4g |", task.c_str(), base.replicas, base.steps, inner, b.final_loss);
-      for (const auto& m : methods)
-        for (bool overlap : {true, false}) {
-          Run r = base;
-          r.method = m, r.overlap = overlap;
-          const Result x = run(r);
-          std::fprintf(stderr, "%s\n", json(r, x).c_str());
-          const bool ok = !x.diverged && !b.diverged && x.final_loss <= factor * b.final_loss;
-          failed += ok ? 0 : 1;
-          std::printf(" %.4g (%.2fx, %.0fx less)%s |", x.final_loss, x.final_loss / b.final_loss, x.ratio_vs_allreduce,
-                      ok ? "" : (x.diverged ? " DIVERGED" : " MISS"));
-        }
+      for (const auto& c : columns) {
+        Run r = base;
+        r.method = c.method, r.overlap = c.overlap;
+        if (c.published_momentum) r.outer_momentum = 0.9f;
+        const Result x = run(r);
+        std::fprintf(stderr, "%s\n", json(r, x).c_str());
+        const bool within = !x.diverged && !b.diverged && x.final_loss <= factor * b.final_loss;
+        const Limitation* known = limitation(r);
+        const bool ok = known ? !within && (!known->warns || !x.warning.empty()) : within;
+        failed += ok ? 0 : 1;
+        const char* mark = known ? (within                         ? " KNOWN LIMITATION NOW PASSES"
+                                    : known->warns && x.warning.empty() ? " NOT WARNED"
+                                    : known->warns                      ? " (known limitation, warned)"
+                                                                        : " (known limitation)")
+                           : within     ? ""
+                           : x.diverged ? " DIVERGED"
+                                        : " MISS";
+        std::printf(" %.4g (%.2fx, %.0fx less)%s |", x.final_loss, x.final_loss / b.final_loss, x.ratio_vs_allreduce,
+                    mark);
+        if (known && !within) notes.push_back(task + ", " + inner + ", " + column_name(c) + ": " + known->why);
+      }
       std::printf("\n");
       std::fflush(stdout);
     }
   }
   std::printf("\nloss (loss / AllReduce's, bytes / AllReduce's bytes); pass: no divergence and loss <= %.2fx "
-              "AllReduce's. %d run(s) missed.\n", factor, failed);
+              "AllReduce's; known limitations must miss. %d run(s) failed.\n", factor, failed);
+  for (const auto& n : notes) std::printf("- %s\n", n.c_str());
   return failed ? 1 : 0;
 }
 

@@ -3,6 +3,7 @@
 //   least_squares   heterogeneous linear regression (each replica its own target), full
 //                   batch, 48 x 64 weight; its loss is the mean objective over the replicas
 //   mlp_regression  a 128-512-128 tanh MLP fitting a random teacher MLP, batches of 32
+//   wide_mlp        the same model at a trainer's settings: twice the steps, SGD at lr 0.05
 //   classifier      a 64-128-10 tanh MLP on a 10-class Gaussian mixture, cross-entropy
 //   gpt             the reference trainer's `tiny` GPT (vocabulary 256, context 32) on a
 //                   synthetic Markov-chain language
@@ -270,10 +271,10 @@ class GptTask final : public Task {
 
 inline std::unique_ptr<Task> make_task(const std::string& name, int replica, int replicas, std::uint64_t seed) {
   if (name == "least_squares") return std::make_unique<LeastSquaresTask>(replica, replicas, seed);
-  if (name == "mlp_regression") return std::make_unique<MlpRegressionTask>(replica, seed);
+  if (name == "mlp_regression" || name == "wide_mlp") return std::make_unique<MlpRegressionTask>(replica, seed);
   if (name == "classifier") return std::make_unique<ClassifierTask>(replica, seed);
   if (name == "gpt") return std::make_unique<GptTask>(replica, seed);
-  throw dx::Error("unknown task '" + name + "' (least_squares, mlp_regression, classifier, gpt)");
+  throw dx::Error("unknown task '" + name + "' (least_squares, mlp_regression, wide_mlp, classifier, gpt)");
 }
 
 }  // namespace convergence

@@ -3,7 +3,7 @@
 // from them, one tensor a line: "name dims v0 v1 ..." (%.9g: exact for a float).
 //   write_payloads OUT NAME:KIND:DIMS...
 // KIND: f32 f16 bf16 int8 int4 int8.bf16 int4.bf16 (block 6) sparse (int8, every 3rd
-// element) chunked (chunk 8, k 3). Values x_i = sin(0.7 i + 0.3) (1 + i % 3). Test helper only.
+// element) tiled (SparseLoCo: tiles of up to 8 x 8, k 4). Values x_i = sin(0.7 i + 0.3) (1 + i % 3). Test helper only.
 #include <dilocox/codec.hpp>
 #include <dilocox/sparse_code.hpp>
 #include <dilocox/wire.hpp>
@@ -28,20 +28,22 @@ dx::PayloadHeader header_for(const std::string& kind, const dx::Shape& s) {
   if (kind.starts_with("int8") || kind.starts_with("int4"))
     return {dx::PayloadKind::quantized, s, {.bits = kind[3] == '8' ? 8 : 4, .block = 6, .scale = scale}};
   if (kind == "sparse") return {dx::PayloadKind::sparse_quantized, s, {.bits = 8, .block = 6}};
-  if (kind == "chunked") return {dx::PayloadKind::sparse_chunked, s, {.bits = 2, .block = 8}, 3};
+  if (kind == "tiled") return dx::tiled_header(s, {.tile = 8, .k = 4});
   throw dx::Error("unknown kind '" + kind + "'");
 }
 
 // Appends one payload named `name` carrying x (x.size() == h.shape.numel()) to out.
 void append_payload(dx::PayloadHeader h, const std::string& name, const std::vector<float>& x,
                     std::vector<std::byte>& out) {
-  std::vector<std::uint32_t> picked;  // (nnz) sparse_quantized: flat indices; chunked: positions in chunk
+  std::vector<std::uint32_t> picked;  // (nnz) sparse_quantized: flat indices; tiled: positions in each tile
   if (h.kind == dx::PayloadKind::sparse_quantized)
     for (std::uint32_t i = 0; i < x.size(); i += 3) picked.push_back(i);
   if (h.kind == dx::PayloadKind::sparse_quantized) h.nnz = static_cast<std::uint32_t>(picked.size());
-  if (h.kind == dx::PayloadKind::sparse_chunked)
-    for (std::size_t base = 0; base < x.size(); base += h.quant.block)
-      for (std::uint32_t p = 0; p < std::min<std::size_t>(h.nnz, x.size() - base); ++p) picked.push_back(p);
+  if (h.kind == dx::PayloadKind::sparse_tiled) {
+    const dx::TileGrid g = dx::tile_grid(h.shape, dx::tiled_code(h.quant, h.nnz));
+    for (std::size_t t = 0; t < g.tiles(); ++t)
+      for (std::uint32_t p = 0; p < g.kept; ++p) picked.push_back(p);
+  }
   const std::size_t at = out.size();
   out.resize(at + dx::payload_size(h, name));
   const std::span<std::byte> body = dx::begin_payload(h, name, std::span(out).subspan(at));
@@ -63,7 +65,7 @@ void append_payload(dx::PayloadHeader h, const std::string& name, const std::vec
       dx::quantize(values, body.subspan(picked.size() * 4), h.quant);
       break;
     }
-    case dx::PayloadKind::sparse_chunked: dx::encode_chunked(x, picked, dx::chunked_code(h.quant, h.nnz), body); break;
+    case dx::PayloadKind::sparse_tiled: dx::encode_tiled(x, h.shape, picked, dx::tiled_code(h.quant, h.nnz), body); break;
   }
   dx::seal_payload(std::span(out).subspan(at));
 }

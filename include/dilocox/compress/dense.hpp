@@ -21,9 +21,10 @@
 namespace dilocox {
 
 struct DenseConfig {
-  // int4, block 128: Streaming DiLoCo sends 4-bit pseudo-gradients at no loss in quality;
-  // measured here on every task of tests/convergence (docs/RESULTS.md).
-  Codec codec{Encoding::quantized, {.bits = 4, .block = 128}};
+  // fp32: DiLoCo's pseudo-gradient as it is (the name says dense, so nothing is lost by
+  // default). Streaming DiLoCo's 4 bits: {Encoding::quantized, {.bits = 4, .block = 128}},
+  // the trainer's --sync diloco default (measured on tests/convergence, docs/RESULTS.md).
+  Codec codec{Encoding::f32, {}};
   // all-gather: K-1 payloads received per rank, exact (no re-quantization); fine for small K.
   ReduceAlgorithm algorithm = ReduceAlgorithm::allgather;
   // off: DiLoCo and its 4-bit variants send the pseudo-gradient as it is.

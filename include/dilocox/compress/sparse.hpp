@@ -1,9 +1,11 @@
 // dilocox/compress/sparse.hpp: SparseLoCoCompressor (SparseLoCo, Sarfi et al. 2025,
-// arXiv 2508.15706): an error-feedback accumulator decayed by beta, e <- beta e + Delta,
-// of which the top-k entries of every chunk are sent with 2-bit values (sparse_code.hpp),
-// e <- e - sent; the replicas' sparse updates are all-gathered and averaged. The decayed
-// accumulator takes the place of the outer momentum: outer_step() is a plain averaged
-// step (lr 1, no momentum). Not here: the code's bytes (sparse_code.hpp).
+// arXiv 2508.15706; reference code tplr-ai/templar): an error-feedback accumulator
+// decayed by beta, e <- beta e + Delta, of which each tensor sends the top-k of every
+// tile with 2-bit values (sparse_code.hpp: tiles of up to 64 x 64, never across
+// tensors; one codebook per tensor), e <- e - sent; the replicas' sparse updates are
+// all-gathered and averaged. The decayed accumulator takes the place of the outer
+// momentum: outer_step() is a plain averaged step (lr 1, no momentum), and replicas
+// restart from the global model (keep_residual off). Not here: the code's bytes.
 #pragma once
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 
 #include "dilocox/codec.hpp"
 #include "dilocox/compress/compressor.hpp"
-#include "dilocox/compress/flat_layout.hpp"
 #include "dilocox/reduce.hpp"
 #include "dilocox/sparse_code.hpp"
 #include "dilocox/wire.hpp"
@@ -23,15 +24,14 @@
 namespace dilocox {
 
 struct SparseLoCoConfig {
-  std::size_t chunk = 4096;   // elements per chunk: SparseLoCo's 64 x 64 chunks hold 4096
-  std::uint32_t k = 64;       // kept per chunk: 1.56%, inside the paper's 1-3% density
+  std::size_t tile = 64;      // largest tile side: each dimension's largest divisor <= 64 (reference target_chunk)
+  std::uint32_t k = 64;       // kept per tile: 64 of a 64 x 64 tile, 1.56%, inside the paper's 1-3% density
+  float range_sigmas = 6;     // the 2-bit codebook spans 6 standard deviations (reference quantization_range)
   float error_decay = 0.95f;  // beta: the accumulator's decay, SparseLoCo's stand-in for outer momentum
   float outer_lr = 1.0f;      // the plain averaged outer step's rate (SparseLoCo's form)
-  ScaleFormat scale = ScaleFormat::fp32;  // the two magnitudes per chunk
-  // The replica keeps beta e (what it has not sent) in its local model, as every compressor
-  // here keeps its residual; the paper restarts replicas from the global model, which
-  // failed to converge where inner steps reach a local optimum (docs/RESULTS.md).
-  bool keep_residual = true;
+  // Off (published): replicas restart from the global model after each sync. On: a
+  // replica keeps beta e (what it has not sent) in its local model (docs/RESULTS.md).
+  bool keep_residual = false;
 };
 
 class SparseLoCoCompressor {
@@ -44,7 +44,7 @@ class SparseLoCoCompressor {
   }
 
   const SparseLoCoConfig& config() const { return config_; }
-  ChunkedCode code() const { return {config_.chunk, config_.k, config_.scale}; }
+  TiledCode code() const { return {config_.tile, config_.k, config_.range_sigmas}; }
 
   void setup(std::span<const TensorSpec> specs) {
     specs_.assign(specs.begin(), specs.end());
@@ -53,8 +53,10 @@ class SparseLoCoCompressor {
   }
 
   std::string describe() const {
-    return "sparseloco top-" + std::to_string(config_.k) + " of " + std::to_string(config_.chunk) +
-           " + 2-bit values, error feedback decay " + detail::number(config_.error_decay);
+    return "sparseloco top-" + std::to_string(config_.k) + " per tile of up to " + std::to_string(config_.tile) + "x" +
+           std::to_string(config_.tile) + " + 2-bit values (" + detail::number(config_.range_sigmas) +
+           " sigma), error feedback decay " + detail::number(config_.error_decay) +
+           (config_.keep_residual ? ", residual kept locally" : "");
   }
 
   NesterovConfig outer_step() const { return {.lr = config_.outer_lr, .momentum = 0.0f, .nesterov = false}; }
@@ -62,53 +64,54 @@ class SparseLoCoCompressor {
   SyncReport sync(AnyCommunicator& comm, const SyncInput& in, TensorSpans x, TensorSpans mean) {
     const int k = comm.size(), me = comm.rank();
     const bool mine = in.contributes[static_cast<std::size_t>(me)] != 0;
-    // e <- beta e + Delta (a dropped replica forgets its accumulator).
-    lengths_.clear();
-    parts_.resize(in.tensors.size());
+    // e <- beta e + Delta (a dropped replica forgets its accumulator); one payload per tensor.
+    std::size_t p = 0;
     for (std::size_t j = 0; j < in.tensors.size(); ++j) {
       auto& e = acc_[in.tensors[j]];
       if (!mine) std::fill(e.begin(), e.end(), 0.0f);
       for (std::size_t i = 0; i < e.size(); ++i) e[i] = config_.error_decay * e[i] + x[j][i];
-      parts_[j] = e;
-      lengths_.push_back(e.size());
+      p += payload_size(header(in.tensors[j]), "");
     }
-    layout_.assign(lengths_, 1);
-    layout_.gather(parts_, flat_);
-    pick();
-    const PayloadHeader h = header(flat_.size());
-    const std::size_t p = payload_size(h, "");
     send_.resize(p);
     recv_.resize(p * static_cast<std::size_t>(k));
-    encode_chunked(flat_, picked_, code(), begin_payload(h, "", send_));
-    seal_payload(send_);
-    comm.allgather(send_, recv_);
-    // e <- e - what this replica sent; the mean of what the contributors sent.
-    SyncReport r;
-    sent_.assign(flat_.size(), 0.0f);
-    decode_add(read_payload(send_), sent_);
-    for (std::size_t j = 0; j < in.tensors.size() && mine; ++j) {
-      const auto s = layout_.part(std::span<const float>(sent_), j);
-      auto& e = acc_[in.tensors[j]];
-      for (std::size_t i = 0; i < e.size(); ++i) e[i] -= s[i];
+    for (std::size_t j = 0, at = 0; j < in.tensors.size(); ++j) {
+      const std::size_t t = in.tensors[j];
+      const PayloadHeader h = header(t);
+      pick(acc_[t], specs_[t].shape);
+      const std::span<std::byte> out = std::span(send_).subspan(at, payload_size(h, ""));
+      encode_tiled(acc_[t], specs_[t].shape, picked_, code(), begin_payload(h, "", out));
+      seal_payload(out);
+      at += out.size();
     }
-    mean_.resize(flat_.size());
-    r.contributors = decode_mean(recv_, p, in.contributes.first(static_cast<std::size_t>(k)), mean_,
-                                 [&](int q, const PayloadHeader& got) {
-                                   detail::require(got.kind == h.kind && got.shape == h.shape && got.nnz == h.nnz &&
-                                                       got.quant == h.quant,
-                                                   "SparseLoCoCompressor",
-                                                   "rank " + std::to_string(q) +
-                                                       " sent a payload of another shape or code");
-                                 });
-    layout_.scatter(mean_, mean);
-    // What is owed: beta e, the part of the accumulator that the next sync carries.
-    for (std::size_t j = 0; j < in.tensors.size(); ++j) {
-      if (!config_.keep_residual) {
-        std::fill(x[j].begin(), x[j].end(), 0.0f);
-        continue;
+    comm.allgather(send_, recv_);
+    // e <- e - what this replica sent; mean = the contributors' payloads added in rank order.
+    for (auto& m : mean) std::fill(m.begin(), m.end(), 0.0f);
+    SyncReport r;
+    for (int q = 0; q < k; ++q) {
+      const bool self = q == me;
+      if (!in.contributes[static_cast<std::size_t>(q)] && !self) continue;
+      std::span<const std::byte> from = std::span<const std::byte>(recv_).subspan(static_cast<std::size_t>(q) * p, p);
+      for (std::size_t j = 0; j < in.tensors.size(); ++j) {
+        const PayloadView v = read_payload(from);
+        from = from.subspan(v.size);
+        check(q, v.header, header(in.tensors[j]));
+        if (self && mine) {
+          sent_.assign(x[j].size(), 0.0f);
+          decode_add(v, sent_);
+          auto& e = acc_[in.tensors[j]];
+          for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
+        }
+        if (in.contributes[static_cast<std::size_t>(q)]) decode_add(v, mean[j]);
       }
+      r.contributors += in.contributes[static_cast<std::size_t>(q)] ? 1 : 0;
+    }
+    const float inv = r.contributors ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
+    for (auto& m : mean)
+      for (float& v : m) v *= inv;
+    // What is owed: beta e (the part the next sync carries) when kept locally, else nothing.
+    for (std::size_t j = 0; j < in.tensors.size(); ++j) {
       const auto& e = acc_[in.tensors[j]];
-      for (std::size_t i = 0; i < e.size(); ++i) x[j][i] = config_.error_decay * e[i];
+      for (std::size_t i = 0; i < e.size(); ++i) x[j][i] = config_.keep_residual ? config_.error_decay * e[i] : 0.0f;
     }
     r.cost = ring_allgather_cost(p, k);
     return r;
@@ -124,9 +127,9 @@ class SparseLoCoCompressor {
   std::span<const float> accumulator(std::size_t i) const { return acc_[i]; }
 
   std::uint64_t wire_bytes(std::span<const TensorSpec> specs, int replicas) const {
-    std::size_t n = 0;
-    for (const auto& s : specs) n += s.shape.numel();
-    return ring_allgather_cost(payload_size(header(n), ""), replicas).bytes;
+    std::size_t p = 0;
+    for (const auto& s : specs) p += payload_size(header_of(s.shape), "");
+    return ring_allgather_cost(p, replicas).bytes;
   }
 
   std::uint64_t state_bytes(std::span<const TensorSpec> specs) const {
@@ -136,41 +139,37 @@ class SparseLoCoCompressor {
   }
 
  private:
-  PayloadHeader header(std::size_t n) const {
-    PayloadHeader h{PayloadKind::sparse_chunked, {n}, {}, config_.k};
-    h.quant.bits = 2;
-    h.quant.block = config_.chunk;
-    h.quant.scale = config_.scale;
-    return h;
+  PayloadHeader header_of(const Shape& shape) const { return tiled_header(shape, code()); }
+  PayloadHeader header(std::size_t tensor) const { return header_of(specs_[tensor].shape); }
+
+  static void check(int q, const PayloadHeader& got, const PayloadHeader& want) {
+    detail::require(got.kind == want.kind && got.shape == want.shape && got.nnz == want.nnz && got.quant == want.quant,
+                    "SparseLoCoCompressor", "rank " + std::to_string(q) + " sent a payload of another shape or code");
   }
 
-  // picked_: per chunk of flat_, the positions of its k largest magnitudes (ties by
-  // position), ascending.
-  void pick() {
+  // picked_: per tile of e, the positions (inside the tile) of its largest magnitudes
+  // (ties by position), ascending.
+  void pick(std::span<const float> e, const Shape& shape) {
+    const TileGrid g = tile_grid(shape, code());
+    const std::size_t tile = g.h * g.w;
     picked_.clear();
-    const std::size_t n = flat_.size(), c = config_.chunk;
-    for (std::size_t base = 0; base < n; base += c) {
-      const std::size_t len = std::min(c, n - base), kc = std::min<std::size_t>(config_.k, len);
-      order_.resize(len);
-      for (std::size_t i = 0; i < len; ++i) order_[i] = static_cast<std::uint32_t>(i);
-      const float* v = flat_.data() + base;
-      std::nth_element(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(kc), order_.end(),
-                       [&](std::uint32_t a, std::uint32_t b) {
-                         const float fa = std::fabs(v[a]), fb = std::fabs(v[b]);
-                         return fa != fb ? fa > fb : a < b;
-                       });
-      std::sort(order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(kc));
-      picked_.insert(picked_.end(), order_.begin(), order_.begin() + static_cast<std::ptrdiff_t>(kc));
+    mags_.resize(tile);
+    order_.resize(tile);
+    for (std::size_t t = 0; t < g.tiles(); ++t) {
+      for (std::size_t i = 0; i < tile; ++i) mags_[i] = std::fabs(e[g.position(t, i)]), order_[i] = static_cast<std::uint32_t>(i);
+      const auto kc = static_cast<std::ptrdiff_t>(g.kept);
+      std::nth_element(order_.begin(), order_.begin() + kc - 1, order_.end(), [&](std::uint32_t a, std::uint32_t b) {
+        return mags_[a] != mags_[b] ? mags_[a] > mags_[b] : a < b;
+      });
+      std::sort(order_.begin(), order_.begin() + kc);
+      picked_.insert(picked_.end(), order_.begin(), order_.begin() + kc);
     }
   }
 
   SparseLoCoConfig config_;
   std::vector<TensorSpec> specs_;
   std::vector<std::vector<float>> acc_;  // (tensors) the decayed error-feedback accumulators
-  std::vector<std::size_t> lengths_;
-  std::vector<std::span<float>> parts_;
-  FlatLayout layout_;
-  std::vector<float> flat_, mean_, sent_;    // (layout total) accumulator, mean, what this replica sent
+  std::vector<float> sent_, mags_;       // (tensor) what this replica sent; (tile) magnitudes
   std::vector<std::uint32_t> picked_, order_;
   std::vector<std::byte> send_, recv_;
 };
