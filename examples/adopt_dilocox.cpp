@@ -4,8 +4,10 @@
 // (Eigen matrices), a step-budget loop calling loop.step() after each inner step (H is
 // the loop's business), checkpoints (parameters, Adam, loop.save_state()) and a resume
 // that continues bit for bit. Runs 300 steps straight, then again stopped at step 170
-// and resumed from the checkpoint, and checks both end with the same weights.
-//   adopt_dilocox [CHECKPOINT_DIR]
+// and resumed from the checkpoint, and checks both end with the same weights; the
+// compressor (with its configuration) is chosen at run time, and the bytes on the wire
+// counted, the final syncs of finish() included.
+//   adopt_dilocox [CHECKPOINT_DIR [dilocox|sparseloco|diloco]]
 #include <dilocox/dilocox.hpp>
 
 #include <Eigen/Dense>
@@ -105,6 +107,15 @@ long load(const std::string& path, Trainer& tr, std::vector<std::byte>& outer) {
 }
 
 // ---- the training loop with dilocox --------------------------------------------------
+// Any compressor, with its configuration, behind one type chosen at run time.
+dx::AnyCompressor make_compressor(const std::string& name) {
+  if (name == "sparseloco") return dx::SparseLoCoCompressor({.k = 32});  // top-32 per 64 x 64 tile
+  if (name == "diloco") return dx::DenseCompressor({.codec = {dx::Encoding::quantized, {.bits = 4, .block = 128}}});
+  if (name == "dilocox") return dx::LowRankCompressor({.rank = 4});
+  throw dx::Error("unknown compressor '" + name + "' (dilocox, sparseloco, diloco)");
+}
+std::string compressor_name = "dilocox";
+std::uint64_t wire_bytes = 0;  // replica 0's, over the last run
 // Trains replica `r` from step 0 (or from the checkpoint) to `budget`, or until `stop_at`.
 Mat train(dx::ThreadCommunicator& comm, long budget, long stop_at, const std::string& dir) {
   Trainer tr(comm.rank());
@@ -112,21 +123,23 @@ Mat train(dx::ThreadCommunicator& comm, long budget, long stop_at, const std::st
   std::vector<std::byte> outer_state;
   const bool resume = std::filesystem::exists(ckpt);
   long step = resume ? load(ckpt, tr, outer_state) : 0;
-  dx::OuterLoopConfig cfg;         // DiLoCoX defaults: low rank + int4 + error feedback, overlap
-  cfg.local_steps = 10;            // H0 (the adaptive rule moves it; every replica agrees)
+  dx::OuterLoopConfig cfg;         // overlap (one-step delay), momentum at the replica
+  cfg.local_steps = 10;            // H0: where H starts (the adaptive rule moves it; every replica agrees)
   cfg.defer_start_check = resume;  // resumed replicas' weights legitimately differ
   dx::OuterLoop loop(comm,
                      {dx::named("fc1.weight", tr.model.w1), dx::named("fc1.bias", tr.model.b1),
                       dx::named("fc2.weight", tr.model.w2), dx::named("fc2.bias", tr.model.b2)},
-                     cfg);
+                     make_compressor(compressor_name), cfg);
   if (resume) loop.load_state(outer_state);
+  std::uint64_t wire = 0;
   while (step < budget) {  // the stop condition is the trainer's: the same on every replica
     tr.step(step++);
-    loop.step();           // syncs when its turn comes; then the weights have changed
+    for (const auto& s : loop.step()) wire += s.wire_bytes;  // syncs when its turn comes; the weights changed
     if (step % 50 == 0) save(ckpt, tr, step, loop);
     if (step == stop_at) return {};  // a "crash": the next run resumes from the last checkpoint
   }
-  loop.finish();           // the model is now the global one, identical on every replica
+  for (const auto& s : loop.finish()) wire += s.wire_bytes;  // the last syncs are bytes on the wire too
+  if (comm.rank() == 0) wire_bytes = wire;  // the model is now the global one, identical on every replica
   return tr.model.w1;
 }
 
@@ -143,10 +156,19 @@ Mat run(int k, long budget, long stop_at, const std::string& dir) {
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "adopt_dilocox_checkpoints";
+  if (argc > 2) compressor_name = argv[2];
+  try {
+    make_compressor(compressor_name);
+  } catch (const dx::Error& e) {
+    std::fprintf(stderr, "adopt_dilocox: %s\n", e.what());
+    return 2;
+  }
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir + "/straight");
   std::filesystem::create_directories(dir + "/stopped");
   const Mat straight = run(3, 300, -1, dir + "/straight");
+  std::printf("%s: replica 0 put %llu bytes on the wire in 300 steps\n", compressor_name.c_str(),
+              static_cast<unsigned long long>(wire_bytes));
   run(3, 300, 170, dir + "/stopped");  // stops at 170: checkpoints at 50 .. 150
   const Mat resumed = run(3, 300, -1, dir + "/stopped");
   const bool same = straight.size() > 0 && straight == resumed;

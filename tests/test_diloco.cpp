@@ -175,6 +175,13 @@ INSTANTIATE_TEST_SUITE_P(
         ModeCase{"sparseloco", [] { return dx::AnyCompressor(dx::SparseLoCoCompressor()); },
                  with(base, [](auto& c) { c.outer.reset(); }), 0.8},
         ModeCase{"dilocox_keep", lowrank(), base},
+        ModeCase{"dilocox_momentum_on_the_mean", lowrank(), with(base, [](auto& c) { c.momentum_at = dx::MomentumAt::mean; })},
+        // Streaming DiLoCo: reduce 2 steps before the turn, mix alpha 0.5, momentum on the mean.
+        ModeCase{"dense_int4_streaming", dense({.codec = {dx::Encoding::quantized, {.bits = 4, .block = 128}}}),
+                 with(base, [](auto& c) {
+                   c.overlap = false, c.overlap_steps = 2, c.rebase = dx::Rebase::mix;
+                   c.momentum_at = dx::MomentumAt::mean;
+                 })},
         ModeCase{"dilocox_overwrite", lowrank(), with(base, [](auto& c) { c.rebase = dx::Rebase::overwrite; })},
         ModeCase{"dilocox_blend_ring",
                  lowrank([] {

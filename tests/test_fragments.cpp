@@ -195,6 +195,80 @@ TEST(Fragments, SavedStateMidRoundContinuesBitForBit) {
   EXPECT_EQ(straight, trace(20));  // at a round's end
 }
 
+// Streaming DiLoCo (overlap_steps 2, F = 2, H = 10): each fragment's reduction starts 2
+// steps before its turn and is applied and mixed at it, one in flight at a time; a
+// checkpoint taken while one is in flight continues bit for bit.
+TEST(Fragments, StreamingOverlapStartsTauStepsEarlyAndResumesBitForBit) {
+  const LeastSquares prob(2, 64, 48, 128, 0.05f, 9);
+  auto trace = [&](int interrupt_at, std::vector<int>* applied_at) {
+    std::vector<std::uint64_t> hashes;
+    run_ranks(2, [&](dx::ThreadCommunicator& c) {
+      LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
+      auto tensors = [&] {
+        return std::vector<dx::NamedTensor>{{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}};
+      };
+      const dx::OuterLoopConfig cfg{.local_steps = 10, .max_local_steps = 10, .fragments = 2, .overlap = false,
+                                    .overlap_steps = 2, .rebase = dx::Rebase::mix,
+                                    .momentum_at = dx::MomentumAt::mean};
+      auto make = [&] { return dx::DenseCompressor({.codec = {dx::Encoding::quantized, {.bits = 4, .block = 64}}}); };
+      auto loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), cfg);
+      for (int s = 1; s <= 30; ++s) {
+        if (s == interrupt_at) {
+          const auto state = loop->save_state();
+          loop.reset();
+          auto resumed = cfg;
+          resumed.defer_start_check = true;
+          loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), resumed);
+          loop->load_state(state);
+        }
+        rep.adam_step();
+        const bool announced = loop->next_step_syncs();
+        const auto stats = loop->step();
+        if (!stats.empty() && applied_at && c.rank() == 0) applied_at->push_back(s);
+        if (!stats.empty()) {
+          EXPECT_TRUE(announced) << "step " << s;
+        }
+        if (c.rank() == 0)
+          hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))) ^ dx::checksum64(std::as_bytes(loop->global(1))));
+      }
+      loop->finish();
+      if (c.rank() == 0) hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))));
+    });
+    return hashes;
+  };
+  std::vector<int> applied;
+  const auto straight = trace(-1, &applied);
+  EXPECT_EQ(applied, (std::vector<int>{5, 10, 15, 20, 25, 30}));  // each fragment at its turn
+  EXPECT_EQ(straight, trace(14, nullptr));  // fragment 0 of round 2 in flight (started at step 13)
+  EXPECT_EQ(straight, trace(19, nullptr));  // fragment 1 in flight (started at step 18)
+}
+
+// Settings the library will not run, and those it runs with a warning (measured unsafe).
+TEST(OuterLoopSchedule, StreamingSettingsAreCheckedAndUnsafeOnesWarned) {
+  run_ranks(1, [&](dx::ThreadCommunicator& c) {
+    Model m(0);
+    auto build = [&](dx::OuterLoopConfig cfg) { dx::OuterLoop loop(c, m.named(), Recorder{}, cfg); };
+    EXPECT_THROW(build({.overlap = true, .overlap_steps = 1, .rebase = dx::Rebase::mix}), dx::Error);
+    EXPECT_THROW(build({.overlap = false, .overlap_steps = 1, .rebase = dx::Rebase::keep}), dx::Error);
+    EXPECT_THROW(build({.local_steps = 5, .fragments = 3, .overlap = false, .overlap_steps = 1, .rebase = dx::Rebase::mix}),
+                 dx::Error);  // H 5 < (1 + 1) x 3
+    EXPECT_NO_THROW(build({.local_steps = 6, .fragments = 3, .overlap = false, .overlap_steps = 1, .rebase = dx::Rebase::mix}));
+    std::vector<std::string> said;
+    auto log = [&](const std::string& s) { said.push_back(s); };
+    const dx::NesterovConfig mu9{.momentum = 0.9f};
+    build({.overlap = true, .outer = mu9, .log = log});
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("one-step-delay overlap"), std::string::npos) << said[0];
+    said.clear();
+    build({.overlap = false, .outer = dx::NesterovConfig{}, .log = log});  // momentum 0.5: nothing to say
+    EXPECT_TRUE(said.empty());
+    dx::OuterLoop with_residual(c, m.named(), dx::LowRankCompressor(),
+                                {.overlap = false, .momentum_at = dx::MomentumAt::mean, .outer = mu9, .log = log});
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("on the reduced mean"), std::string::npos) << said[0];
+  });
+}
+
 // The loop a user writes without knowing H: a step budget, step() after every step,
 // finish(). Adaptive H (DiLoCoX defaults), 3 replicas, budgets that end anywhere in a
 // round; half the runs beside busy threads. A hang would be a collective timeout (Error).

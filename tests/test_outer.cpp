@@ -26,6 +26,27 @@ TEST(NesterovOuterOptimizer, MatchesHandComputedSequence) {
   }
 }
 
+// Momentum at the replica: momentum_direction() on the replica's own delta, then
+// descend() by the (here: one replica's) reduced direction is the same sequence.
+TEST(NesterovOuterOptimizer, SplitStepMatchesTheWholeStep) {
+  for (bool nesterov : {true, false}) {
+    dx::NesterovOuterOptimizer whole(1, {.lr = 0.7f, .momentum = 0.9f, .nesterov = nesterov});
+    dx::NesterovOuterOptimizer split(1, {.lr = 0.7f, .momentum = 0.9f, .nesterov = nesterov});
+    std::vector<float> a{1.0f}, b{1.0f};
+    for (float delta : {0.5f, 0.25f, -0.1f}) {
+      std::vector<float> d{delta}, dir{delta};
+      whole.step(a, d);
+      split.momentum_direction(dir);
+      split.descend(b, dir);
+      EXPECT_NEAR(a[0], b[0], 1e-6f);
+    }
+  }
+  dx::NesterovOuterOptimizer opt(2, {});
+  std::vector<float> one(1), two(2);
+  EXPECT_THROW(opt.momentum_direction(one), dx::Error);
+  EXPECT_THROW(opt.descend(two, one), dx::Error);
+}
+
 TEST(NesterovOuterOptimizer, HeavyBallWithoutNesterov) {
   // theta = 1 - 0.7 * 0.5 = 0.65; v = 0.7: 0.16; v = 0.53: -0.211
   dx::NesterovOuterOptimizer opt(1, {.lr = 0.7f, .momentum = 0.9f, .nesterov = false});

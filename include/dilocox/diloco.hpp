@@ -67,7 +67,7 @@ struct OuterLoopConfig {
   int overlap_steps = 0;
   Rebase rebase = Rebase::keep;  // after a sync: phi <- theta - what theta lacks of this replica (keep), theta, or a blend
   float blend = 0.5f;         // the share kept, for Rebase::blend; alpha for Rebase::mix
-  MomentumAt momentum_at = MomentumAt::replica;  // measured stable at momentum 0.9 in every mode
+  MomentumAt momentum_at = MomentumAt::replica;  // the form that converged at momentum 0.9 with compressed syncs
   std::optional<NesterovConfig> outer{};  // unset: the compressor's outer_step(), else NesterovConfig{}
   double step_seconds = 0;    // modelled seconds of one inner step, for the overlap floor of H; 0: no floor
   std::optional<LinkConfig> link{};  // the link that floor uses; unset: the communicator's link(), if any
@@ -97,6 +97,15 @@ NamedTensor named(std::string name, T& tensor) {
 // A raw buffer with its shape (e.g. a std::vector<float> holding a (rows, cols) matrix).
 inline NamedTensor named(std::string name, TensorView<float> view) {
   return {std::move(name), view.shape, {view.data, view.shape.numel()}};
+}
+// A temporary (an m.block(...), an expression, a Map made in the call): one short error.
+template <class T>
+  requires(!std::is_lvalue_reference_v<T>)
+NamedTensor named(std::string, T&&) {
+  static_assert(sizeof(T) == 0,
+                "dilocox::named: pass the parameter tensor itself, a named object (an lvalue): the loop keeps a "
+                "view of its memory, which a temporary's may not outlive (a raw buffer: dilocox::TensorView)");
+  return {};
 }
 // Anything else: one short error instead of a page of template diagnostics.
 template <class T>
@@ -679,7 +688,7 @@ class OuterLoop {
     comm_->allgather(std::as_bytes(std::span(per)), std::as_writable_bytes(std::span(per_all)));
     for (std::size_t i = 0; i < t; ++i)
       for (int r = 0; r < k; ++r) {
-        const std::string which = "tensor " + std::to_string(i) + " '" + params_[i].name + "' " + params_[i].shape.str();
+        const std::string which = "tensor " + std::to_string(i) + " '" + params_[i].name + "' " + shape_in_memory(params_[i].shape);
         detail::require(per_all[2 * (r * t + i)] == per[2 * i], "OuterLoop",
                         "replicas disagree on " + which + ": rank " + std::to_string(r) + " has a different name or shape");
         if (per_all[2 * (r * t + i) + 1] != per[2 * i + 1] && unequal_start_.empty())
@@ -704,6 +713,13 @@ class OuterLoop {
       config_.log(mu + " with the one-step-delay overlap diverged (least squares, SGD inner steps) on "
                        "tests/convergence (docs/RESULTS.md); momentum 0.5, or overlap_steps (Streaming DiLoCo) "
                        "instead, ran it stably");
+  }
+
+  // A shape as the loop sees it, row-major, saying how a column-major matrix reads.
+  static std::string shape_in_memory(const Shape& s) {
+    if (s.ndim != 2) return s.str();
+    return s.str() + " (memory order: a column-major (" + std::to_string(s.dims[1]) + ", " + std::to_string(s.dims[0]) +
+           ") matrix is this)";
   }
 
   // The start-weight check, deferred to the first sync unless load_state() resumed.
