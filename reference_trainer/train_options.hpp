@@ -228,7 +228,9 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x stages)")
       ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
   std::string modes_help;
-  for (const auto& m : sync_modes()) modes_help += "\n  " + m.name + ": " + m.help + " [defaults: " + m.defaults + "]";
+  for (const auto& m : sync_modes())
+    modes_help += "\n  " + m.name + ": " + m.help + " [defaults: " + m.defaults + "]" +
+                  (m.differs.empty() ? "" : " [differs from the published method: " + m.differs + "]");
   app.add_option("--sync", o.sync, "how clusters synchronize (with --clusters > 1):" + modes_help)
       ->capture_default_str()->check(CLI::IsMember(sync_mode_names_vector()))->group(g);
   app.add_option("--bits", o.bits, "diloco: 32, 16, 8 or 4 (default 4); cocktail, dilocox: 4 or 8 (default 4)")

@@ -170,7 +170,7 @@ INSTANTIATE_TEST_SUITE_P(
         ModeCase{"dense_int8_no_overlap", dense({.codec = {dx::Encoding::quantized, {.bits = 8, .block = 64}}}),
                  with(base, [](auto& c) { c.overlap = false; })},
         ModeCase{"dense_int4", dense({}), base},
-        // CocktailSGD sends 2.5% of the entries per round (25% random x 10% top-k): slower.
+        // CocktailSGD sends 2% of the entries per round (10% random x 20% top-k): slower.
         ModeCase{"cocktail", [] { return dx::AnyCompressor(dx::CocktailCompressor()); }, base, 0.8},
         ModeCase{"sparseloco", [] { return dx::AnyCompressor(dx::SparseLoCoCompressor()); },
                  with(base, [](auto& c) { c.outer.reset(); }), 0.8},

@@ -24,8 +24,8 @@
 namespace dilocox {
 
 struct CocktailConfig {
-  double random_fraction = 0.25;  // share of entries in the sync's random subset (CocktailSGD's setting)
-  double topk_fraction = 0.1;     // share of the subset sent, largest magnitudes first (CocktailSGD's setting)
+  double random_fraction = 0.1;   // share of entries in the sync's random subset (CocktailSGD's README: 0.1)
+  double topk_fraction = 0.2;     // share of the subset sent, largest magnitudes first (its README: 0.2): 2%
   QuantConfig quant{.bits = 4, .block = 64};  // the values: 4 bits, as CocktailSGD
   std::uint64_t seed = 0;         // the random subsets; same on every replica
   float error_decay = 1.0f;       // residual kept as decay (x - sent)
