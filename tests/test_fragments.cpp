@@ -157,42 +157,53 @@ TEST(OuterLoopSchedule, OverlapFloorComesFromModelledSecondsNotAClock) {
   });
 }
 
+// Two replicas of a least-squares problem for `steps` inner steps under cfg, the loop
+// rebuilt from its saved state before step `interrupt_at` (-1: never). Returns rank 0's
+// global checksums after every step and at the end; rank 0's steps that applied a sync
+// go to `applied_at`, and every applying step must have been announced by next_step_syncs().
+template <class Make>
+std::vector<std::uint64_t> resumed_trace(const LeastSquares& prob, const dx::OuterLoopConfig& cfg, Make make, int steps,
+                                         int interrupt_at, std::vector<int>* applied_at = nullptr) {
+  std::vector<std::uint64_t> hashes;
+  run_ranks(2, [&](dx::ThreadCommunicator& c) {
+    LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
+    auto tensors = [&] {
+      return std::vector<dx::NamedTensor>{{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}};
+    };
+    auto loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), cfg);
+    for (int s = 1; s <= steps; ++s) {
+      if (s == interrupt_at) {
+        const auto state = loop->save_state();
+        loop.reset();
+        auto resumed = cfg;
+        resumed.defer_start_check = true;
+        loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), resumed);
+        loop->load_state(state);
+      }
+      rep.adam_step();
+      const bool announced = loop->next_step_syncs();
+      if (!loop->step().empty()) {
+        EXPECT_TRUE(announced) << "step " << s;
+        if (applied_at && c.rank() == 0) applied_at->push_back(s);
+      }
+      if (c.rank() == 0)
+        hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))) ^ dx::checksum64(std::as_bytes(loop->global(1))));
+    }
+    loop->finish();
+    if (c.rank() == 0) hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))));
+  });
+  return hashes;
+}
+
 // A checkpoint between two fragments' syncs, with overlap: the loop rebuilt from it
 // continues bit for bit.
 TEST(Fragments, SavedStateMidRoundContinuesBitForBit) {
   const LeastSquares prob(2, 64, 48, 128, 0.05f, 7);
-  auto trace = [&](int interrupt_at) {
-    std::vector<std::uint64_t> hashes;
-    run_ranks(2, [&](dx::ThreadCommunicator& c) {
-      LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
-      auto tensors = [&] {
-        return std::vector<dx::NamedTensor>{{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}};
-      };
-      dx::OuterLoopConfig cfg{.local_steps = 10, .max_local_steps = 10, .fragments = 2};
-      auto make = [&] { return dx::LowRankCompressor({.rank = 4}); };
-      auto loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), cfg);
-      for (int s = 1; s <= 40; ++s) {
-        if (s == interrupt_at) {
-          const auto state = loop->save_state();
-          loop.reset();
-          auto resumed = cfg;
-          resumed.defer_start_check = true;
-          loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), resumed);
-          loop->load_state(state);
-        }
-        rep.adam_step();
-        loop->step();
-        if (c.rank() == 0)
-          hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))) ^ dx::checksum64(std::as_bytes(loop->global(1))));
-      }
-      loop->finish();
-      if (c.rank() == 0) hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))));
-    });
-    return hashes;
-  };
-  const auto straight = trace(-1);
-  EXPECT_EQ(straight, trace(13));  // after fragment 0's sync of round 1, before fragment 1's
-  EXPECT_EQ(straight, trace(20));  // at a round's end
+  const dx::OuterLoopConfig cfg{.local_steps = 10, .max_local_steps = 10, .fragments = 2};
+  auto make = [] { return dx::LowRankCompressor({.rank = 4}); };
+  const auto straight = resumed_trace(prob, cfg, make, 40, -1);
+  EXPECT_EQ(straight, resumed_trace(prob, cfg, make, 40, 13));  // after fragment 0's sync of round 1, before fragment 1's
+  EXPECT_EQ(straight, resumed_trace(prob, cfg, make, 40, 20));  // at a round's end
 }
 
 // Streaming DiLoCo (overlap_steps 2, F = 2, H = 10): each fragment's reduction starts 2
@@ -200,41 +211,11 @@ TEST(Fragments, SavedStateMidRoundContinuesBitForBit) {
 // checkpoint taken while one is in flight continues bit for bit.
 TEST(Fragments, StreamingOverlapStartsTauStepsEarlyAndResumesBitForBit) {
   const LeastSquares prob(2, 64, 48, 128, 0.05f, 9);
+  const dx::OuterLoopConfig cfg{.local_steps = 10, .max_local_steps = 10, .fragments = 2, .overlap = false,
+                                .overlap_steps = 2, .rebase = dx::Rebase::mix, .momentum_at = dx::MomentumAt::mean};
+  auto make = [] { return dx::DenseCompressor({.codec = {dx::Encoding::quantized, {.bits = 4, .block = 64}}}); };
   auto trace = [&](int interrupt_at, std::vector<int>* applied_at) {
-    std::vector<std::uint64_t> hashes;
-    run_ranks(2, [&](dx::ThreadCommunicator& c) {
-      LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
-      auto tensors = [&] {
-        return std::vector<dx::NamedTensor>{{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}};
-      };
-      const dx::OuterLoopConfig cfg{.local_steps = 10, .max_local_steps = 10, .fragments = 2, .overlap = false,
-                                    .overlap_steps = 2, .rebase = dx::Rebase::mix,
-                                    .momentum_at = dx::MomentumAt::mean};
-      auto make = [&] { return dx::DenseCompressor({.codec = {dx::Encoding::quantized, {.bits = 4, .block = 64}}}); };
-      auto loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), cfg);
-      for (int s = 1; s <= 30; ++s) {
-        if (s == interrupt_at) {
-          const auto state = loop->save_state();
-          loop.reset();
-          auto resumed = cfg;
-          resumed.defer_start_check = true;
-          loop = std::make_unique<dx::OuterLoop<dx::ThreadCommunicator>>(c, tensors(), make(), resumed);
-          loop->load_state(state);
-        }
-        rep.adam_step();
-        const bool announced = loop->next_step_syncs();
-        const auto stats = loop->step();
-        if (!stats.empty() && applied_at && c.rank() == 0) applied_at->push_back(s);
-        if (!stats.empty()) {
-          EXPECT_TRUE(announced) << "step " << s;
-        }
-        if (c.rank() == 0)
-          hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))) ^ dx::checksum64(std::as_bytes(loop->global(1))));
-      }
-      loop->finish();
-      if (c.rank() == 0) hashes.push_back(dx::checksum64(std::as_bytes(loop->global(0))));
-    });
-    return hashes;
+    return resumed_trace(prob, cfg, make, 30, interrupt_at, applied_at);
   };
   std::vector<int> applied;
   const auto straight = trace(-1, &applied);

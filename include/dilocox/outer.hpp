@@ -18,12 +18,12 @@
 namespace dilocox {
 
 // The library's default outer step (every compressor but SparseLoCo, whose accumulator
-// replaces momentum): lr 0.7 as DiLoCo; momentum 0.5, not DiLoCo's 0.9, which diverged
-// or lost up to 10x in loss with compressed or overlapped syncs in tests/convergence
-// (docs/RESULTS.md, "Defaults that converge").
+// replaces momentum): lr 0.7 as DiLoCo; momentum 0.5, not DiLoCo's 0.9: tests/convergence
+// runs every mode at both, and 0.5 lost less everywhere (docs/RESULTS.md, "Methods as
+// published, stable at the published settings").
 struct NesterovConfig {
   float lr = 0.7f;        // DiLoCo's outer learning rate
-  float momentum = 0.5f;  // measured: 0.9 is unsafe once syncs are compressed or delayed
+  float momentum = 0.5f;  // measured: 0.9 converges but loses up to 1.42x AllReduce (0.5: 1.20x)
   bool nesterov = true;   // Nesterov, as DiLoCo
 };
 

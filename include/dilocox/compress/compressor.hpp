@@ -65,8 +65,8 @@ struct SyncReport {
 // - on return, x[j] holds what this replica still owes the global model for that
 //   tensor: the progress it has not transmitted and will carry into later syncs (its
 //   error-feedback residual), or zeros. Rebase::keep keeps it in the local model, so a
-//   replica never redoes work it has not sent yet (docs/RESULTS.md, "Why error feedback
-//   and outer momentum diverged");
+//   replica never redoes work it has not sent yet (docs/API.md, "What the local model
+//   keeps"); with the outer momentum at the replica, x[j] arrives as its momentum step;
 // - when this replica does not contribute (in.contributes[comm.rank()] == 0: it had a
 //   NaN/Inf), x is zeros and the compressor drops its own residual for these tensors
 //   (the replica restarts from the global model);
