@@ -142,6 +142,14 @@ inline void validate(const SyncMode& m, const SyncOptions& o) {
                   std::to_string(o.max_rank) + " is below --rank " + std::to_string(o.rank));
   dilocox::detail::require(o.max_local_steps >= o.local_steps, "--max-local-steps",
                   std::to_string(o.max_local_steps) + " is below --local-steps " + std::to_string(o.local_steps));
+  const int tau = o.overlap.value_or(m.overlap) ? o.overlap_steps.value_or(m.overlap_steps) : 0;
+  if (tau > 0 && !m.per_step) {
+    dilocox::detail::require(!o.rebase || *o.rebase == Rebase::mix || *o.rebase == Rebase::overwrite, "--rebase",
+                             "--overlap-steps " + std::to_string(tau) + " merges as Streaming DiLoCo: mix or overwrite");
+    dilocox::detail::require(o.local_steps >= (tau + 1) * o.fragments, "--overlap-steps",
+                             std::to_string(tau) + " needs --local-steps >= (overlap steps + 1) x --fragments = " +
+                                 std::to_string((tau + 1) * o.fragments));
+  }
 }
 
 // The OuterLoop settings of a mode with these options.
@@ -155,8 +163,8 @@ inline OuterLoopConfig outer_loop_config(const SyncMode& m, const SyncOptions& o
   cfg.overlap = overlap && tau == 0;
   cfg.overlap_steps = tau;
   cfg.fragments = o.fragments;
-  const Rebase streaming = tau > 0 ? Rebase::mix : Rebase::overwrite;  // Streaming DiLoCo, or DiLoCo
-  cfg.rebase = o.rebase.value_or(m.overlap_steps > 0 ? streaming : Rebase::keep);
+  // Streaming DiLoCo's overlap mixes; a streaming mode without overlap is DiLoCo (phi = theta).
+  cfg.rebase = o.rebase.value_or(tau > 0 ? Rebase::mix : m.overlap_steps > 0 ? Rebase::overwrite : Rebase::keep);
   cfg.momentum_at = o.momentum_at.value_or(m.momentum_at);
   cfg.step_seconds = o.step_seconds;
   cfg.link = o.link;

@@ -359,9 +359,11 @@ class OuterLoop {
                       "overlap_steps (Streaming DiLoCo) must be >= 0 and needs overlap (the one-step delay) off");
       detail::require(config_.rebase == Rebase::mix || config_.rebase == Rebase::overwrite, "OuterLoop",
                       "overlap_steps merges the delayed update as Streaming DiLoCo: rebase must be mix or overwrite");
-      detail::require(config_.local_steps >= (config_.overlap_steps + 1) * config_.fragments, "OuterLoop",
-                      "overlap_steps " + std::to_string(config_.overlap_steps) + " needs local_steps >= (overlap_steps + 1) x fragments = " +
-                          std::to_string((config_.overlap_steps + 1) * config_.fragments));
+      const int floor = (config_.overlap_steps + 1) * config_.fragments;  // one reduction in flight at a time
+      detail::require(config_.local_steps >= floor && config_.max_local_steps >= floor, "OuterLoop",
+                      "overlap_steps " + std::to_string(config_.overlap_steps) +
+                          " needs local_steps and max_local_steps >= (overlap_steps + 1) x fragments = " +
+                          std::to_string(floor));
     }
     detail::require(std::isfinite(config_.step_seconds) && config_.step_seconds >= 0, "OuterLoop",
                     "step_seconds must be finite and >= 0");
@@ -565,7 +567,8 @@ class OuterLoop {
   void new_round() {
     int h = config_.local_steps;
     if (hint_weight_ > 0) h = static_cast<int>(std::lround(config_.local_steps * hint_sum_ / hint_weight_));
-    int lo = std::max(config_.min_local_steps, (config_.overlap_steps + 1) * fragments());
+    int lo = config_.min_local_steps;
+    if (config_.overlap_steps > 0) lo = std::max(lo, (config_.overlap_steps + 1) * fragments());  // one in flight
     if (config_.step_seconds > 0 && round_comm_seconds_ > 0)  // the overlap floor, from modelled seconds
       lo = std::max(lo, static_cast<int>(std::min<double>(config_.max_local_steps,
                                                           std::ceil(round_comm_seconds_ / config_.step_seconds))));
