@@ -241,6 +241,11 @@ TEST(OuterLoopSchedule, StreamingSettingsAreCheckedAndUnsafeOnesWarned) {
     ASSERT_EQ(said.size(), 1u);
     EXPECT_NE(said[0].find("one-step-delay overlap"), std::string::npos) << said[0];
     said.clear();
+    build({.overlap = false, .overlap_steps = 1, .rebase = dx::Rebase::mix, .outer = mu9, .log = log});
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("Streaming DiLoCo's overlap"), std::string::npos) << said[0];
+    said.clear();
+    build({.overlap = false, .overlap_steps = 1, .rebase = dx::Rebase::mix, .outer = dx::NesterovConfig{}, .log = log});
     build({.overlap = false, .outer = dx::NesterovConfig{}, .log = log});  // momentum 0.5: nothing to say
     EXPECT_TRUE(said.empty());
     dx::OuterLoop with_residual(c, m.named(), dx::LowRankCompressor(),

@@ -206,45 +206,78 @@ TEST(SparseLoCoCompressor, ConservesTheAccumulator) {
   }
 }
 
+// The mean of what the replicas sent (sent: per replica, the dense decoded payload of
+// each tensor of `sizes`, end to end): sum / n, or (chosen) each replica's tensor scaled
+// to at most the lower median of their norms, then each position averaged over the
+// replicas that sent it.
+std::vector<double> expected_mean(const std::vector<std::vector<float>>& sent, int n, bool chosen,
+                                  const std::vector<std::size_t>& sizes) {
+  std::vector<double> mean(sent[0].size(), 0.0);
+  for (std::size_t at = 0; std::size_t size : sizes) {
+    std::vector<double> norms, scale(static_cast<std::size_t>(n), 1.0);
+    for (int r = 0; r < n; ++r) {
+      double s2 = 0;
+      for (std::size_t i = at; i < at + size; ++i) s2 += double(sent[static_cast<std::size_t>(r)][i]) * sent[static_cast<std::size_t>(r)][i];
+      norms.push_back(std::sqrt(s2));
+    }
+    auto sorted = norms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[static_cast<std::size_t>(n - 1) / 2];
+    for (int r = 0; chosen && r < n; ++r) scale[static_cast<std::size_t>(r)] = std::min(1.0, median / norms[static_cast<std::size_t>(r)]);
+    for (std::size_t i = at; i < at + size; ++i) {
+      int count = 0;
+      for (int r = 0; r < n; ++r) {
+        const float v = sent[static_cast<std::size_t>(r)][i];
+        mean[i] += scale[static_cast<std::size_t>(r)] * v;
+        count += v != 0.0f;
+      }
+      mean[i] /= chosen ? std::max(count, 1) : n;
+    }
+    at += size;
+  }
+  return mean;
+}
+
 // K replicas: every rank gets the same mean, bit for bit, equal to the mean of what each
-// replica's payload decodes to; a replica left out contributes nothing.
+// replica's payload decodes to (the paper's sum / R, or the reference code's average over
+// the replicas that chose a position after clipping to the median norm); a replica left
+// out contributes nothing.
 TEST(SparseLoCoCompressor, MeanIsBitIdenticalOnEveryRank) {
-  for (int k : {2, 3, 4}) {
-    SCOPED_TRACE(k);
-    const std::vector<dx::TensorSpec> specs = {{"w", {64, 100}}, {"b", {100}}};
-    std::vector<std::vector<float>> means(static_cast<std::size_t>(k)), sent(static_cast<std::size_t>(k));
-    for (bool drop_last : {false, true}) {
-      run_ranks(k, [&](dx::ThreadCommunicator& comm) {
-        dx::SparseLoCoCompressor c(dx::SparseLoCoConfig{.k = 16});
-        c.setup(specs);
-        dx::AnyCommunicator any(comm);
-        const std::vector<std::size_t> all{0, 1};
-        std::vector<std::uint8_t> contributes(static_cast<std::size_t>(k), 1);
-        if (drop_last) contributes.back() = 0;
-        const bool mine = contributes[static_cast<std::size_t>(comm.rank())] != 0;
-        auto d0 = values(6400, 300 + comm.rank()), d1 = values(100, 400 + comm.rank());
-        if (!mine) std::fill(d0.begin(), d0.end(), 0.0f), std::fill(d1.begin(), d1.end(), 0.0f);
-        const auto before0 = d0, before1 = d1;
-        std::vector<float> m0(6400), m1(100);
-        std::vector<std::span<float>> x{d0, d1}, mean{m0, m1};
-        c.sync(any, {all, contributes, 7}, x, mean);
-        auto& out = means[static_cast<std::size_t>(comm.rank())];
-        out = m0;
-        out.insert(out.end(), m1.begin(), m1.end());
-        auto& s = sent[static_cast<std::size_t>(comm.rank())];  // Delta - e_new: what it sent
-        s.clear();
-        for (std::size_t i = 0; i < 6400; ++i) s.push_back(before0[i] - c.accumulator(0)[i]);
-        for (std::size_t i = 0; i < 100; ++i) s.push_back(before1[i] - c.accumulator(1)[i]);
-      });
-      for (int r = 1; r < k; ++r) ASSERT_EQ(means[static_cast<std::size_t>(r)], means[0]) << "rank " << r;
-      const int n = drop_last ? k - 1 : k;
-      for (std::size_t i = 0; i < means[0].size(); ++i) {
-        double sum = 0;
-        for (int r = 0; r < n; ++r) sum += sent[static_cast<std::size_t>(r)][i];
-        ASSERT_NEAR(means[0][i], sum / n, 1e-5 * (1 + std::fabs(sum))) << i;
+  for (bool chosen : {false, true})
+    for (int k : {2, 3, 4}) {
+      SCOPED_TRACE(std::to_string(k) + (chosen ? " replicas, average_chosen" : " replicas"));
+      const std::vector<dx::TensorSpec> specs = {{"w", {64, 100}}, {"b", {100}}};
+      std::vector<std::vector<float>> means(static_cast<std::size_t>(k)), sent(static_cast<std::size_t>(k));
+      for (bool drop_last : {false, true}) {
+        run_ranks(k, [&](dx::ThreadCommunicator& comm) {
+          dx::SparseLoCoCompressor c(dx::SparseLoCoConfig{.k = 16, .average_chosen = chosen});
+          c.setup(specs);
+          dx::AnyCommunicator any(comm);
+          const std::vector<std::size_t> all{0, 1};
+          std::vector<std::uint8_t> contributes(static_cast<std::size_t>(k), 1);
+          if (drop_last) contributes.back() = 0;
+          const bool mine = contributes[static_cast<std::size_t>(comm.rank())] != 0;
+          auto d0 = values(6400, 300 + comm.rank()), d1 = values(100, 400 + comm.rank());
+          for (float& v : d0) v *= static_cast<float>(1 + comm.rank());  // norms differ: the clip binds
+          if (!mine) std::fill(d0.begin(), d0.end(), 0.0f), std::fill(d1.begin(), d1.end(), 0.0f);
+          const auto before0 = d0, before1 = d1;
+          std::vector<float> m0(6400), m1(100);
+          std::vector<std::span<float>> x{d0, d1}, mean{m0, m1};
+          c.sync(any, {all, contributes, 7}, x, mean);
+          auto& out = means[static_cast<std::size_t>(comm.rank())];
+          out = m0;
+          out.insert(out.end(), m1.begin(), m1.end());
+          auto& s = sent[static_cast<std::size_t>(comm.rank())];  // Delta - e_new: what it sent
+          s.clear();
+          for (std::size_t i = 0; i < 6400; ++i) s.push_back(before0[i] - c.accumulator(0)[i]);
+          for (std::size_t i = 0; i < 100; ++i) s.push_back(before1[i] - c.accumulator(1)[i]);
+        });
+        for (int r = 1; r < k; ++r) ASSERT_EQ(means[static_cast<std::size_t>(r)], means[0]) << "rank " << r;
+        const auto want = expected_mean(sent, drop_last ? k - 1 : k, chosen, {6400, 100});
+        for (std::size_t i = 0; i < means[0].size(); ++i)
+          ASSERT_NEAR(means[0][i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << i;
       }
     }
-  }
 }
 
 TEST(SparseLoCoCompressor, OuterStepIsPlainAveragingAndConfigIsChecked) {

@@ -218,10 +218,10 @@ inline void check_tiled(std::span<const std::byte> in, const Shape& shape, const
 
 // out (the tensor, shape.numel() floats) += the values the code carries. Throws Error
 // when an index is out of its tile or not ascending.
-inline void decode_tiled_add(std::span<const std::byte> in, const Shape& shape, const TiledCode& c,
-                             std::span<float> out) {
+// f(position, value) for each kept entry of a checked payload, in wire order.
+template <class F>
+void visit_tiled(std::span<const std::byte> in, const Shape& shape, const TiledCode& c, F&& f) {
   check_tiled(in, shape, c);
-  detail::require(out.size() == shape.numel(), "decode_tiled_add", "output does not have the shape's element count");
   const detail::TiledLayout l(shape, c);
   TiledCodebook cb;
   std::memcpy(&cb.shift, in.data(), 4);
@@ -229,8 +229,14 @@ inline void decode_tiled_add(std::span<const std::byte> in, const Shape& shape, 
   detail::BitReader idx{in.data() + l.index_at}, bins{in.data() + l.bin_at};
   for (std::size_t i = 0; i < l.kept; ++i) {
     const std::uint32_t p = idx.get(sparse_index_bits), b = bins.get(2);
-    out[l.grid.position(i / l.grid.kept, p)] += cb.decode(static_cast<int>(b));
+    f(l.grid.position(i / l.grid.kept, p), cb.decode(static_cast<int>(b)));
   }
+}
+
+inline void decode_tiled_add(std::span<const std::byte> in, const Shape& shape, const TiledCode& c,
+                             std::span<float> out) {
+  detail::require(out.size() == shape.numel(), "decode_tiled_add", "output does not have the shape's element count");
+  visit_tiled(in, shape, c, [&](std::size_t p, float v) { out[p] += v; });
 }
 
 }  // namespace dilocox

@@ -11,7 +11,8 @@
 // --overlap-steps T, --replicas K, --steps N, --local-steps H, --fragments F,
 // --seed S, --lr X, and knobs over the defaults: --outer-lr, --outer-momentum,
 // --nesterov 0|1, --momentum-at replica|mean, --rebase keep|overwrite|blend|mix, --blend A,
-// --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1 (sparseloco: keep_residual).
+// --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1 (sparseloco: keep_residual),
+// --average-chosen 0|1 (sparseloco).
 #include "tasks.hpp"
 
 #include <dilocox/comm/thread.hpp>
@@ -88,7 +89,7 @@ struct Run {
   int replicas = 2, steps = 2000, local_steps = 20, fragments = 1;
   std::uint64_t seed = 1;
   std::optional<float> lr, outer_lr, outer_momentum, error_decay, blend;
-  std::optional<bool> nesterov, adaptive, ef;
+  std::optional<bool> nesterov, adaptive, ef, average_chosen;
   std::optional<int> rank, max_rank, bits;
   std::optional<std::string> rebase, momentum_at;  // unset: the mode's
   std::optional<int> overlap_steps;                // unset: the mode's
@@ -123,6 +124,7 @@ dx::AnyCompressor make_compressor(const Run& r) {
     if (r.error_decay) c.error_decay = *r.error_decay;
     if (r.outer_lr) c.outer_lr = *r.outer_lr;
     if (r.ef) c.keep_residual = *r.ef;
+    if (r.average_chosen) c.average_chosen = *r.average_chosen;
     return dx::SparseLoCoCompressor(c);
   }
   if (r.method == "dilocox") {
@@ -257,6 +259,7 @@ bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
     else if (a == "--max-rank") r.max_rank = std::stoi(v);
     else if (a == "--adaptive") r.adaptive = v != "0";
     else if (a == "--ef") r.ef = v != "0";
+    else if (a == "--average-chosen") r.average_chosen = v != "0";
     else if (a == "--bits") r.bits = std::stoi(v);
     else if (a == "--rebase") r.rebase = v;
     else if (a == "--blend") r.blend = std::stof(v);

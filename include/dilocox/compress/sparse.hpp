@@ -32,6 +32,10 @@ struct SparseLoCoConfig {
   // Off (published): replicas restart from the global model after each sync. On: a
   // replica keeps beta e (what it has not sent) in its local model (docs/RESULTS.md).
   bool keep_residual = false;
+  // Off (the paper): the mean is the sum of the replicas' payloads / R. On (the reference
+  // code): each replica's payload of a tensor is scaled down to at most the median of
+  // their norms, and each position averaged over the replicas that chose it.
+  bool average_chosen = false;
 };
 
 class SparseLoCoCompressor {
@@ -56,7 +60,8 @@ class SparseLoCoCompressor {
     return "sparseloco top-" + std::to_string(config_.k) + " per tile of up to " + std::to_string(config_.tile) + "x" +
            std::to_string(config_.tile) + " + 2-bit values (" + detail::number(config_.range_sigmas) +
            " sigma), error feedback decay " + detail::number(config_.error_decay) +
-           (config_.keep_residual ? ", residual kept locally" : "");
+           (config_.keep_residual ? ", residual kept locally" : "") +
+           (config_.average_chosen ? ", averaged over the replicas that chose each position" : "");
   }
 
   NesterovConfig outer_step() const { return {.lr = config_.outer_lr, .momentum = 0.0f, .nesterov = false}; }
@@ -84,30 +89,35 @@ class SparseLoCoCompressor {
       at += out.size();
     }
     comm.allgather(send_, recv_);
-    // e <- e - what this replica sent; mean = the contributors' payloads added in rank order.
-    for (auto& m : mean) std::fill(m.begin(), m.end(), 0.0f);
+    // The payloads of the contributors (and this replica's own), by rank then tensor.
+    const std::size_t n = in.tensors.size();
+    views_.assign(n * static_cast<std::size_t>(k), PayloadView{});
     SyncReport r;
     for (int q = 0; q < k; ++q) {
-      const bool self = q == me;
-      if (!in.contributes[static_cast<std::size_t>(q)] && !self) continue;
+      const bool counts = in.contributes[static_cast<std::size_t>(q)] != 0;
+      r.contributors += counts ? 1 : 0;
+      if (!counts && q != me) continue;
       std::span<const std::byte> from = std::span<const std::byte>(recv_).subspan(static_cast<std::size_t>(q) * p, p);
-      for (std::size_t j = 0; j < in.tensors.size(); ++j) {
+      for (std::size_t j = 0; j < n; ++j) {
         const PayloadView v = read_payload(from);
         from = from.subspan(v.size);
         check(q, v.header, header(in.tensors[j]));
-        if (self && mine) {
-          sent_.assign(x[j].size(), 0.0f);
-          decode_add(v, sent_);
-          auto& e = acc_[in.tensors[j]];
-          for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
-        }
-        if (in.contributes[static_cast<std::size_t>(q)]) decode_add(v, mean[j]);
+        views_[static_cast<std::size_t>(q) * n + j] = v;
       }
-      r.contributors += in.contributes[static_cast<std::size_t>(q)] ? 1 : 0;
     }
-    const float inv = r.contributors ? 1.0f / static_cast<float>(r.contributors) : 0.0f;
-    for (auto& m : mean)
-      for (float& v : m) v *= inv;
+    // e <- e - what this replica sent; the mean of the contributors' payloads.
+    for (std::size_t j = 0; mine && j < n; ++j) {
+      sent_.assign(x[j].size(), 0.0f);
+      decode_add(views_[static_cast<std::size_t>(me) * n + j], sent_);
+      auto& e = acc_[in.tensors[j]];
+      for (std::size_t i = 0; i < e.size(); ++i) e[i] -= sent_[i];
+    }
+    for (std::size_t j = 0; j < n; ++j) {
+      got_.clear();
+      for (int q = 0; q < k; ++q)
+        if (in.contributes[static_cast<std::size_t>(q)]) got_.push_back(&views_[static_cast<std::size_t>(q) * n + j]);
+      average(got_, mean[j]);
+    }
     // What is owed: beta e (the part the next sync carries) when kept locally, else nothing.
     for (std::size_t j = 0; j < in.tensors.size(); ++j) {
       const auto& e = acc_[in.tensors[j]];
@@ -166,12 +176,47 @@ class SparseLoCoCompressor {
     }
   }
 
+  // mean = the payloads' sum / their count, or as average_chosen says.
+  void average(std::span<const PayloadView* const> got, std::span<float> mean) {
+    std::fill(mean.begin(), mean.end(), 0.0f);
+    if (got.empty()) return;
+    if (!config_.average_chosen) {
+      for (const PayloadView* v : got) decode_add(*v, mean);
+      const float inv = 1.0f / static_cast<float>(got.size());
+      for (float& m : mean) m *= inv;
+      return;
+    }
+    auto visit = [](const PayloadView& v, auto&& f) {
+      visit_tiled(v.body, v.header.shape, tiled_code(v.header.quant, v.header.nnz), f);
+    };
+    norms_.clear();
+    for (const PayloadView* v : got) {
+      double s = 0;
+      visit(*v, [&](std::size_t, float x) { s += static_cast<double>(x) * x; });
+      norms_.push_back(std::sqrt(s));
+    }
+    std::vector<double> order = norms_;
+    const auto mid = order.begin() + static_cast<std::ptrdiff_t>((order.size() - 1) / 2);  // the lower middle
+    std::nth_element(order.begin(), mid, order.end());
+    chosen_.assign(mean.size(), 0);
+    for (std::size_t q = 0; q < got.size(); ++q) {
+      const auto scale = static_cast<float>(std::min(1.0, *mid / (norms_[q] + 1e-8)));
+      visit(*got[q], [&](std::size_t i, float x) { mean[i] += scale * x, ++chosen_[i]; });
+    }
+    for (std::size_t i = 0; i < mean.size(); ++i)
+      if (chosen_[i] > 1) mean[i] /= static_cast<float>(chosen_[i]);
+  }
+
   SparseLoCoConfig config_;
   std::vector<TensorSpec> specs_;
   std::vector<std::vector<float>> acc_;  // (tensors) the decayed error-feedback accumulators
   std::vector<float> sent_, mags_;       // (tensor) what this replica sent; (tile) magnitudes
   std::vector<std::uint32_t> picked_, order_;
   std::vector<std::byte> send_, recv_;
+  std::vector<PayloadView> views_;      // (replicas x tensors) this sync's payloads
+  std::vector<const PayloadView*> got_;  // (contributors) one tensor's payloads
+  std::vector<double> norms_;            // (contributors) their norms, for average_chosen
+  std::vector<std::uint32_t> chosen_;    // (tensor) how many payloads chose each position
 };
 
 static_assert(Compressor<SparseLoCoCompressor>);
