@@ -13,6 +13,7 @@
 #include <dilocox/comm/mpi.hpp>
 #include <dilocox/comm/throttled.hpp>
 #include <dilocox/diloco.hpp>
+#include <dilocox/shard.hpp>
 #include <dilocox/state.hpp>
 
 #include <mpi.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,19 +32,28 @@ using WanLink = ThrottledLink<MpiCommunicator>;
 
 class ClusterSync {
  public:
-  // stage_comm: the K replicas of this stage (rank = replica). sync_tied: whether this
-  // stage's copy of the tied embedding takes part (the last stage's copy is refreshed
-  // from the first stage's instead). resuming: load_state() follows (replicas' phi may differ).
-  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, StageModel& model, bool sync_tied, bool resuming)
+  // stage_comm: the K replicas of this stage (rank = replica), for this rank's shard.
+  // data_parallel: the D ranks of this stage in this cluster (MPI_COMM_NULL: D = 1); the
+  // stage's tensors are split over them (dilocox/shard.hpp) and each runs the outer loop
+  // on its own. sync_tied: whether this stage's copy of the tied embedding takes part
+  // (the last stage's copy is refreshed from the first stage's instead). resuming:
+  // load_state() follows (replicas' phi may differ).
+  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, MPI_Comm data_parallel, StageModel& model, bool sync_tied,
+              bool resuming)
       : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
-    if (mode_->per_step) return;
-    std::vector<NamedTensor> params;
+    if (data_parallel != MPI_COMM_NULL) group_.emplace(data_parallel), group_comm_ = data_parallel;
+    std::vector<TensorSpec> specs;
     for (const auto& t : model.tensors()) {
       if (t.name == "wte" && !sync_tied) continue;
-      params.push_back({t.name, t.dims(), model.param(t)});
+      specs.push_back({t.name, t.dims()});
       synced_.push_back(model.param(t));
-      stage_floats_ += t.numel();
     }
+    owner_ = shard_tensors(specs, group_size());
+    mine_ = owned_tensors(owner_, group_rank());
+    for (std::size_t i : mine_) stage_floats_ += synced_[i].size();
+    if (mode_->per_step || mine_.empty()) return;
+    std::vector<NamedTensor> params;
+    for (std::size_t i : mine_) params.push_back({specs[i].name, specs[i].shape, synced_[i]});
     AnyCompressor compressor = mode_->make(o);
     OuterLoopConfig c = outer_loop_config(*mode_, o, compressor);
     c.defer_start_check = resuming;
@@ -52,11 +63,12 @@ class ClusterSync {
   // Writes the global parameters theta into the synced tensors (for evaluating the
   // global model; the caller saves and restores its own parameters around it).
   void load_global() {
-    if (!loop_) return;
-    for (std::size_t i = 0; i < synced_.size(); ++i) {
+    if (mode_->per_step) return;
+    for (std::size_t i = 0; loop_ && i < mine_.size(); ++i) {
       const auto g = loop_->global(i);
-      std::copy(g.begin(), g.end(), synced_[i].begin());
+      std::copy(g.begin(), g.end(), synced_[mine_[i]].begin());
     }
+    share(mine_);
   }
 
   // How the compressor sends this stage's tensors, when it says (DiLoCoX: which go low
@@ -79,32 +91,65 @@ class ClusterSync {
   OuterLoop<WanLink>* loop() { return loop_ ? &*loop_ : nullptr; }
 
   // AllReduce mode: grads <- mean over the replicas whose gradient is finite (a replica
-  // with a NaN/Inf gradient contributes nothing, and takes the others' mean). Returns
-  // the number of contributors (0: nobody had a finite gradient; grads untouched).
+  // with a NaN/Inf gradient contributes nothing, and takes the others' mean). With D > 1
+  // each rank of the group reduces its 1/D of the gradient and the group shares the
+  // results. Returns the number of contributors (0: nobody had a finite gradient; grads
+  // untouched).
   int average_gradients(std::span<float> grads, bool finite) {
     int good = finite ? 1 : 0;
     MPI_Allreduce(MPI_IN_PLACE, &good, 1, MPI_INT, MPI_SUM, control_.comm());
     if (good == 0) return 0;
     if (!finite) std::fill(grads.begin(), grads.end(), 0.0f);
-    link_.allreduce_sum(grads);
+    const int d = group_size(), me = group_rank();
+    std::vector<std::span<float>> parts;
+    for (int p = 0; p < d; ++p) parts.push_back(grads.subspan(grads.size() * p / d, grads.size() * (p + 1) / d - grads.size() * p / d));
+    const std::span<float> mine = parts[static_cast<std::size_t>(me)];
+    link_.allreduce_sum(mine);
     const float inv = 1.0f / static_cast<float>(good);
-    for (auto& g : grads) g *= inv;
-    dense_bytes_ += ring_allreduce_cost(grads.size_bytes(), replicas()).bytes;
+    for (auto& g : mine) g *= inv;
+    dense_bytes_ += ring_allreduce_cost(mine.size_bytes(), replicas()).bytes;
+    if (group_) {
+      std::vector<int> owner(static_cast<std::size_t>(d));
+      std::iota(owner.begin(), owner.end(), 0);
+      const std::size_t self[1] = {static_cast<std::size_t>(me)};
+      group_bytes_ += share_rewritten(*group_, owner, parts, self);
+    }
     return good;
   }
 
-  // Outer-loop modes, after every inner step: the syncs applied (when any, the
-  // parameters changed).
-  std::vector<SyncStats> after_step() { return record(loop_->step()); }
-  std::vector<SyncStats> finish() { return loop_ ? record(loop_->finish()) : std::vector<SyncStats>{}; }
+  // Outer-loop modes, after every inner step: the syncs this rank's loop applied; the
+  // tensors any loop of the group rewrote reach every rank of it when `group_syncs`
+  // (next_step_syncs() before the step).
+  std::vector<SyncStats> after_step(bool group_syncs) {
+    auto stats = loop_ ? record(loop_->step()) : std::vector<SyncStats>{};
+    if (group_syncs) share_rewritten_tensors();
+    return stats;
+  }
+  std::vector<SyncStats> finish() {
+    auto stats = loop_ ? record(loop_->finish()) : std::vector<SyncStats>{};
+    share_rewritten_tensors();
+    return stats;
+  }
 
-  // Makes this replica sit out the next sync (its pseudo-gradient turns non-finite: the
+  // Makes this replica sit out its next sync (its pseudo-gradient turns non-finite: the
   // protocol drops it on every replica, reports it, and it restarts from theta).
   void drop_next_sync() {
+    if (!loop_ || !loop_->next_step_syncs()) return;
     const auto tensors = loop_->fragment_tensors(loop_->next_fragment());
-    synced_[tensors.front()][0] = std::numeric_limits<float>::quiet_NaN();
+    synced_[mine_[tensors.front()]][0] = std::numeric_limits<float>::quiet_NaN();
   }
-  bool next_step_syncs() const { return loop_ && loop_->next_step_syncs(); }
+  // Whether the next step syncs on any rank of the group (the same answer on each).
+  bool next_step_syncs() {
+    int due = loop_ && loop_->next_step_syncs() ? 1 : 0;
+    if (group_)
+      dilocox::detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &due, 1, MPI_INT, MPI_MAX, group_comm_),
+                                 "MPI_Allreduce", "ClusterSync");
+    return due != 0;
+  }
+  // The outer state this rank holds (none in AllReduce mode, or without tensors).
+  OuterMemory memory() const { return loop_ ? loop_->memory() : OuterMemory{}; }
+  // Bytes this rank put on the in-cluster link to share the group's tensors.
+  std::uint64_t group_bytes() const { return group_bytes_; }
 
   // What an fp32 ring allreduce of every step's gradient would have moved, for steps
   // taken by the outer-loop modes (AllReduce counts its own).
@@ -112,13 +157,13 @@ class ClusterSync {
     if (!per_step()) dense_bytes_ += ring_allreduce_cost(stage_floats_ * 4, replicas()).bytes;
   }
 
-  // Whether every replica holds the same global parameters of this stage (checksums
-  // compared over an unthrottled control channel).
+  // Whether every replica holds the same global parameters of this rank's shard of the
+  // stage (checksums compared over an unthrottled control channel).
   bool replicas_agree() {
     std::uint64_t h = 0;
     if (loop_) {
       for (std::size_t i = 0; i < loop_->tensor_count(); ++i) h ^= checksum64(std::as_bytes(loop_->global(i))) + i;
-    } else {
+    } else if (mode_->per_step) {
       model_->pull_params();
       h = checksum64(std::as_bytes(std::span<const float>(model_->params())));
     }
@@ -173,6 +218,21 @@ class ClusterSync {
     MPI_Comm comm_;
   };
 
+  int group_size() const { return group_ ? group_->size() : 1; }
+  int group_rank() const { return group_ ? group_->rank() : 0; }
+  // The group's tensors that `owned` (indices into synced_, this rank's) name reach every
+  // rank of the group; a collective of the group.
+  void share(std::span<const std::size_t> owned) {
+    if (group_) group_bytes_ += share_rewritten(*group_, owner_, synced_, owned);
+  }
+  void share_rewritten_tensors() {
+    if (!group_) return;
+    std::vector<std::size_t> wrote;
+    if (loop_)
+      for (std::size_t i : loop_->rewritten()) wrote.push_back(mine_[i]);
+    share(wrote);
+  }
+
   std::vector<SyncStats> record(std::vector<SyncStats> stats) {
     for (const auto& s : stats) {
       ++syncs_;
@@ -190,7 +250,12 @@ class ClusterSync {
   WanLink link_;
   StageModel* model_;
   std::optional<OuterLoop<WanLink>> loop_;
-  std::vector<std::span<float>> synced_;  // the model's tensors the outer loop owns, in its order
+  std::optional<MpiCommunicator> group_;   // the stage's D ranks in this cluster (D > 1)
+  MPI_Comm group_comm_ = MPI_COMM_NULL;    //   and their communicator (the caller's) for flags
+  std::vector<std::span<float>> synced_;   // the stage's tensors the outer loops of the group hold
+  std::vector<int> owner_;                 // (synced_) the group rank whose loop holds each
+  std::vector<std::size_t> mine_;          // this rank's: loop tensor i is synced_[mine_[i]]
+  std::uint64_t group_bytes_ = 0;
   std::size_t stage_floats_ = 0;
   std::uint64_t dense_bytes_ = 0;
   std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume

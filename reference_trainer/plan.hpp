@@ -8,6 +8,7 @@
 // model-sized; no MPI.
 #pragma once
 
+#include "layout.hpp"
 #include "model/gpt_config.hpp"
 #include "sync_modes.hpp"
 
@@ -185,7 +186,7 @@ inline Plan make_plan(PlanInput in) {
   // Compute: a cluster of stages x shards ranks runs one replica's step; the pipeline
   // bubble adds (S - 1) / M of a step.
   const double step_tokens = static_cast<double>(in.batch) * in.seq_len;
-  const double ranks = static_cast<double>(in.stages) * plan.shards;
+  const double ranks = RankLayout{.clusters = 1, .dp = plan.shards, .stages = in.stages}.world();
   const double bubble = 1.0 + static_cast<double>(in.stages - 1) / in.micro_batches;
   const double flops = in.params_override > 0 ? 6.0 * static_cast<double>(plan.params) : in.model.flops_per_token(in.seq_len);
   plan.step_compute_seconds = step_tokens * flops / (ranks * in.rank_flops) * bubble;

@@ -47,7 +47,7 @@ inline nlohmann::json plan_json(const PlanInput& in, const Plan& p) {
 inline void print_plan(const PlanInput& in, const Plan& p) {
   std::printf("plan: %s, %.3g parameters; %d cluster(s) x %d stage(s) x %d shard(s) = %d ranks per cluster\n",
               p.model.name.c_str(), static_cast<double>(p.params), in.clusters, in.stages, p.shards,
-              in.stages * p.shards);
+              RankLayout{.clusters = 1, .dp = p.shards, .stages = in.stages}.world());
   std::printf("link %s, latency %s; batch %d x %d tokens per replica; %.3g FLOP/s per rank\n\n",
               (human_bytes(in.sync.link.bits_per_second / 8) + "/s").c_str(),
               human_seconds(in.sync.link.latency_seconds).c_str(), in.batch, in.seq_len, in.rank_flops);

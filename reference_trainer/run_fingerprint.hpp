@@ -90,6 +90,7 @@ inline const std::vector<FlagRow>& flag_table() {
       {"--vocab", outcome, [](O o) { return std::to_string(o.vocab ? o.vocab : detail::preset_or_empty(o.model).vocab); }},
       {"--stages", outcome, [](O o) { return std::to_string(o.stages); }},
       {"--clusters", outcome, [](O o) { return std::to_string(o.clusters); }},
+      {"--dp", outcome, [](O o) { return std::to_string(o.dp); }},
       {"--tokens", outcome, [](O o) { return std::to_string(o.tokens); }},
       {"--batch", outcome, [](O o) { return std::to_string(o.batch); }},
       {"--micro-batches", outcome,

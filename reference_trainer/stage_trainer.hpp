@@ -1,7 +1,9 @@
 // reference_trainer/stage_trainer.hpp: what one rank does per training step: run its
 // pipeline stage's share of the schedule over M micro-batches (receiving and sending
-// activations and their gradients), sum the tied embedding's gradient, agree with the
-// other stages on the loss and the global gradient norm, clip, and take an AdamW step.
+// activations and their gradients), sum the tied embedding's gradient, sum the gradient
+// and the loss over the D data-parallel copies of the stage (each ran 1/D of the batch),
+// agree with the other stages on the loss and the global gradient norm, clip, and take
+// an AdamW step.
 // Also evaluation (forward only) and the rank's part of a checkpoint.
 #pragma once
 
@@ -11,6 +13,10 @@
 #include "model/stage_model.hpp"
 #include "pipeline/schedule.hpp"
 #include "pipeline/stage_link.hpp"
+
+#include <dilocox/comm/cost.hpp>
+
+#include <mpi.h>
 
 #include <cmath>
 #include <cstdint>
@@ -23,12 +29,14 @@ namespace dilocox::trainer {
 struct TrainShape {
   GptConfig model;
   int stages = 1;
-  int batch = 16;          // sequences per optimizer step (per replica)
-  int micro_batches = 1;   // batch / micro_batches sequences each
+  int batch = 16;          // sequences per optimizer step (per replica: all its D pipelines together)
+  int dp = 1, dp_rank = 0; // D data-parallel pipelines split the batch; this rank's is dp_rank
+  int micro_batches = 1;   // of this pipeline's batch / D sequences: batch / D / micro_batches each
   int seq_len = 128;
   Schedule schedule = Schedule::one_f_one_b;
   Backend backend;         // CPU, or CUDA in fp32 or bf16
-  int micro_batch() const { return batch / micro_batches; }
+  int pipeline_batch() const { return batch / dp; }
+  int micro_batch() const { return pipeline_batch() / micro_batches; }
   std::int64_t tokens_per_step() const { return std::int64_t{batch} * seq_len; }
 };
 
@@ -46,15 +54,18 @@ using GradientHook = std::function<int(std::span<float> grads, bool finite)>;
 
 class StageTrainer {
  public:
-  StageTrainer(const TrainShape& shape, const AdamWConfig& opt, StageLink& link, std::uint64_t seed)
+  // data_parallel: the D ranks of this stage in this cluster (MPI_COMM_NULL when D = 1).
+  StageTrainer(const TrainShape& shape, const AdamWConfig& opt, StageLink& link, MPI_Comm data_parallel,
+               std::uint64_t seed)
       : shape_(shape),
         opt_config_(opt),
         link_(link),
+        data_parallel_(data_parallel),
         ops_(pipeline_schedule(shape.schedule, shape.stages, link.stage(), shape.micro_batches)),
         model_(make_stage_model(shape.backend, shape.model, shape.stages, link.stage(), shape.micro_batch(),
                                 shape.seq_len, pipeline_slots(shape.schedule, shape.stages, link.stage(), shape.micro_batches))) {
     model_->init(seed);
-    const auto n = static_cast<std::size_t>(shape.batch) * static_cast<std::size_t>(shape.seq_len);
+    const auto n = static_cast<std::size_t>(shape.pipeline_batch()) * static_cast<std::size_t>(shape.seq_len);
     inputs_.resize(n);
     targets_.resize(n);
     stats_.resize(static_cast<std::size_t>(2 + 12 * shape.model.n_layer + 2) + 1);
@@ -66,12 +77,17 @@ class StageTrainer {
   // batch with a NaN would make it (backward carries it to the other stages).
   void inject_nan_next_step() { inject_nan_ = true; }
   std::int64_t updates() const { return updates_; }
+  // Bytes this rank put on the in-cluster link for the data-parallel gradient sums (ring).
+  std::uint64_t data_parallel_bytes() const { return dp_bytes_; }
 
-  // One optimizer step on sequences [step * batch, (step + 1) * batch) of the sampler.
+  // One optimizer step on sequences [step * batch, (step + 1) * batch) of the sampler,
+  // of which this pipeline runs its 1/D share.
   StepStats train_step(std::int64_t step, std::int64_t total_steps, const BatchSampler& sampler) {
     const std::size_t B = static_cast<std::size_t>(shape_.micro_batch()), T = static_cast<std::size_t>(shape_.seq_len);
-    sampler.fill(static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(shape_.batch),
-                 static_cast<std::size_t>(shape_.batch), inputs_, targets_);
+    const auto share = static_cast<std::uint64_t>(shape_.pipeline_batch());
+    sampler.fill(static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(shape_.batch) +
+                     static_cast<std::uint64_t>(shape_.dp_rank) * share,
+                 static_cast<std::size_t>(share), inputs_, targets_);
     model_->zero_grads();
     const float scale = inject_nan_ ? std::numeric_limits<float>::quiet_NaN()
                                     : 1.0f / static_cast<float>(shape_.tokens_per_step());
@@ -94,17 +110,19 @@ class StageTrainer {
     // The host copy of the gradient, when something here works on it: the tied
     // embedding's two shares summed across stages, the AllReduce hook. One pull, one push.
     const ParamTensor* tied = shape_.stages > 1 ? model_->tied_embedding() : nullptr;
-    if (tied || hook_) model_->pull_grads();
+    const bool host = tied || hook_ || shape_.dp > 1;
+    if (host) model_->pull_grads();
     if (tied) link_.sum_tied(model_->grad(*tied));
     if (inject_nan_ && model_->last()) loss_sum = std::numeric_limits<double>::quiet_NaN();
     inject_nan_ = false;
+    if (shape_.dp > 1) loss_sum = sum_over_data_parallel(model_->grads(), loss_sum);
     int contributors = 1;
     if (hook_) {
       bool finite = true;
       for (float g : model_->grads()) finite = finite && std::isfinite(g);
       contributors = hook_(model_->grads(), finite);
     }
-    if (tied || hook_) model_->push_grads();
+    if (host) model_->push_grads();
 
     // Squared norm per global tensor (the tied embedding once, on the first stage), the
     // loss, summed over stages; each entry has one contributor, so every stage layout
@@ -167,9 +185,22 @@ class StageTrainer {
   }
 
  private:
+  // The gradient and the loss summed over the stage's D copies (each scaled its loss by
+  // the whole batch's tokens, so the sum is the batch's gradient); the same bits on each.
+  double sum_over_data_parallel(std::span<float> grads, double loss_sum) {
+    detail::mpi_ok(MPI_Allreduce(MPI_IN_PLACE, grads.data(), detail::mpi_count(grads), MPI_FLOAT, MPI_SUM, data_parallel_),
+                   "MPI_Allreduce (data-parallel gradient)");
+    detail::mpi_ok(MPI_Allreduce(MPI_IN_PLACE, &loss_sum, 1, MPI_DOUBLE, MPI_SUM, data_parallel_),
+                   "MPI_Allreduce (data-parallel loss)");
+    dp_bytes_ += ring_allreduce_cost(grads.size_bytes(), shape_.dp).bytes + ring_allreduce_cost(8, shape_.dp).bytes;
+    return loss_sum;
+  }
+
   TrainShape shape_;
   AdamWConfig opt_config_;
   StageLink& link_;
+  MPI_Comm data_parallel_;
+  std::uint64_t dp_bytes_ = 0;
   std::vector<PipeOp> ops_;
   std::unique_ptr<StageModel> model_;
   std::int64_t updates_ = 0;

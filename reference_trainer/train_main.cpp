@@ -11,6 +11,8 @@
 #include "cluster_sync.hpp"
 #include "data/batch_sampler.hpp"
 #include "data/token_shard.hpp"
+#include "layout.hpp"
+#include "rank_comms.hpp"
 #include "metrics_file.hpp"
 #include "plan_report.hpp"
 #include "progress.hpp"
@@ -67,9 +69,12 @@ GptConfig resolve_model(const TrainOptions& o) {
   return m;
 }
 
-// --micro-batches, or 1 on one stage and 2 x stages (at most the batch) otherwise.
+// The run's rank layout, from its flags.
+RankLayout layout_of(const TrainOptions& o) { return {.clusters = o.clusters, .dp = o.dp, .stages = o.stages}; }
+
+// --micro-batches, or 1 on one stage and 2 x stages (at most a pipeline's batch) otherwise.
 int micro_batches_of(const TrainOptions& o) {
-  return o.micro_batches ? o.micro_batches : (o.stages == 1 ? 1 : std::min(o.batch, 2 * o.stages));
+  return o.micro_batches ? o.micro_batches : (o.stages == 1 ? 1 : std::min(o.batch / std::max(1, o.dp), 2 * o.stages));
 }
 
 TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
@@ -83,20 +88,22 @@ TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world) {
   s.stages = o.stages;
   if (s.stages > s.model.n_layer)
     throw UsageError(std::to_string(s.stages) + " stages for " + std::to_string(s.model.n_layer) + " layers");
-  const int need = s.stages * o.clusters;
-  if (world != need)
-    throw UsageError(std::to_string(o.clusters) + " cluster(s) x " + std::to_string(s.stages) + " stage(s) need " +
-                     std::to_string(need) + " MPI ranks, this run has " + std::to_string(world) + " (mpirun -np " +
-                     std::to_string(need) + ")");
+  const RankLayout layout = layout_of(o);
+  if (world != layout.world())
+    throw UsageError(layout.str() + " need " + std::to_string(layout.world()) + " MPI ranks, this run has " +
+                     std::to_string(world) + " (mpirun -np " + std::to_string(layout.world()) + ")");
   s.seq_len = o.seq_len ? o.seq_len : s.model.max_seq;
   if (s.seq_len > s.model.max_seq)
     throw UsageError("--seq-len " + std::to_string(s.seq_len) + " exceeds the model's context of " +
                      std::to_string(s.model.max_seq));
   s.batch = o.batch;
+  s.dp = o.dp;
+  if (s.batch % s.dp != 0)
+    throw UsageError("--batch " + std::to_string(s.batch) + " is not divisible by --dp " + std::to_string(s.dp));
   s.micro_batches = micro_batches_of(o);
-  if (s.batch % s.micro_batches != 0)
-    throw UsageError("--batch " + std::to_string(s.batch) + " is not divisible by " +
-                     std::to_string(s.micro_batches) + " micro-batches");
+  if (s.pipeline_batch() % s.micro_batches != 0)
+    throw UsageError("--batch " + std::to_string(s.batch) + (s.dp > 1 ? " / --dp " + std::to_string(s.dp) : "") +
+                     " is not divisible by " + std::to_string(s.micro_batches) + " micro-batches");
   s.schedule = parse_schedule(o.schedule);
   s.backend.device = o.device == "cuda" ? Device::cuda : Device::cpu;
   s.backend.precision = o.precision == "fp32" ? Precision::fp32 : Precision::bf16;
@@ -159,14 +166,6 @@ std::pair<std::int64_t, int> parse_fault(const std::string& s, int clusters, std
   return {step, rep};
 }
 
-// "2 clusters x 2 stages" of a checkpoint prefix ("stage0of2-replica1of2", "stage0of2").
-std::string layout_of(const std::string& prefix) {
-  int s = 0, S = 0, k = 0, K = 1;
-  if (std::sscanf(prefix.c_str(), "stage%dof%d-replica%dof%d", &s, &S, &k, &K) < 2) return prefix;
-  return std::to_string(K) + " cluster" + (K > 1 ? "s" : "") + " x " + std::to_string(S) + " stage" +
-         (S > 1 ? "s" : "");
-}
-
 // The fields that had to match before checkpoints held every outcome flag ("flags").
 std::string legacy_mismatch(const json& saved, const json& now) {
   for (const char* key : {"model", "stages", "clusters", "sync", "batch", "micro_batches", "seq_len", "seed"})
@@ -218,8 +217,9 @@ class Run {
   Run(const TrainOptions& o, MPI_Comm world, Watchdog* watchdog) : o_(o), world_(world), watchdog_(watchdog) {
     MPI_Comm_rank(world_, &rank_);
     MPI_Comm_size(world_, &world_size_);
-    replica_ = rank_ / std::max(1, o_.stages);
-    stage_ = rank_ % std::max(1, o_.stages);
+    layout_ = layout_of(o_);
+    const RankCoord c = layout_.coord(rank_);
+    replica_ = c.cluster, dp_rank_ = c.dp, stage_ = c.stage;
   }
 
   // This rank's report for the start agreement: every check of its own inputs, with
@@ -303,7 +303,8 @@ class Run {
  private:
   std::string where() const {
     if (world_size_ == 1) return "";
-    return "stage " + std::to_string(stage_) + (o_.clusters > 1 ? ", replica " + std::to_string(replica_) : "");
+    const std::string r = layout_.describe(rank_);  // "rank 5 (stage 1, dp 0, replica 1)": what is in ( )
+    return r.substr(r.find('(') + 1, r.size() - r.find('(') - 2);
   }
 
   void check_inputs_or_throw() {
@@ -337,9 +338,9 @@ class Run {
       if (o_.clusters == 1 || sync_mode(o_.sync).per_step)
         throw UsageError("--dump-pseudo-gradients needs --clusters > 1 and an outer-loop --sync");
       if (o_.fragments != 1) throw UsageError("--dump-pseudo-gradients needs --fragments 1");
+      if (o_.dp != 1) throw UsageError("--dump-pseudo-gradients needs --dp 1");
     }
-    prefix_ = "stage" + std::to_string(stage_) + "of" + std::to_string(o_.stages) +
-              (o_.clusters > 1 ? "-replica" + std::to_string(replica_) + "of" + std::to_string(o_.clusters) : "");
+    prefix_ = layout_.file_prefix(rank_);
     if (rank_ == 0 && !o_.metrics.empty() && !std::ofstream(o_.metrics, std::ios::app))
       throw UsageError("cannot write --metrics " + o_.metrics);
     if (!o_.checkpoint_dir.empty()) check_checkpoints();
@@ -367,7 +368,7 @@ class Run {
     const auto layouts = checkpoint_layouts(dir);
     std::string others;
     for (const auto& p : layouts)
-      if (layout_of(p) != layout_of(prefix_)) others = layout_of(p) + " (" + p + "-step*.ckpt)";
+      if (RankLayout::of_prefix(p) != RankLayout::of_prefix(prefix_)) others = RankLayout::of_prefix(p) + " (" + p + "-step*.ckpt)";
     if (!o_.resume && !layouts.empty())
       throw UsageError("--checkpoint-dir " + o_.checkpoint_dir + " already holds checkpoints (" +
                        (own_steps_.empty() ? "of " + others : "this run's, newest step " + std::to_string(own_steps_[0])) +
@@ -375,7 +376,7 @@ class Run {
     if (!o_.resume) return;
     if (own_steps_.empty() && !others.empty())
       throw UsageError("--resume: " + o_.checkpoint_dir + " holds checkpoints of " + others + ", not of this run's " +
-                       layout_of(prefix_) + ": resume with that layout, or start in another folder");
+                       RankLayout::of_prefix(prefix_) + ": resume with that layout, or start in another folder");
     for (auto s : own_steps_) {
       const auto path = checkpoint_path(dir, prefix_, s);
       try {
@@ -388,7 +389,7 @@ class Run {
         intact_steps_.push_back(s);
       } catch (const dilocox::Error& e) {
         std::fprintf(stderr, "dilocox-train: %s%s; trying an older one\n",
-                     world_size_ > 1 ? (describe_rank(rank_, o_.stages, world_size_) + ": ").c_str() : "", e.what());
+                     world_size_ > 1 ? (layout_.describe(rank_) + ": ").c_str() : "", e.what());
       }
     }
   }
@@ -454,12 +455,14 @@ class Run {
   void save(bool finished);
   int finish();
   json summary();
+  bool data_parallel_identical();
   void sync_event(const dilocox::SyncStats& rs);
 
   TrainOptions o_;
   MPI_Comm world_;
   Watchdog* watchdog_;
-  int rank_ = 0, world_size_ = 1, replica_ = 0, stage_ = 0;
+  RankLayout layout_;
+  int rank_ = 0, world_size_ = 1, replica_ = 0, dp_rank_ = 0, stage_ = 0;
   // Checked inputs.
   TokenShard train_data_, val_data_;
   std::string data_fingerprint_;
@@ -475,7 +478,8 @@ class Run {
   std::int64_t loaded_step_ = -1;
   FolderLock folder_lock_, rank_lock_;  // held for the run's life
   // Built after the agreement.
-  MPI_Comm cluster_ = MPI_COMM_NULL, stage_comm_ = MPI_COMM_NULL;
+  std::unique_ptr<RankComms> comms_;
+  MPI_Comm cluster_ = MPI_COMM_NULL;  // comms_->pipeline(): this pipeline's S stages
   std::unique_ptr<StageLink> link_;
   std::unique_ptr<StageTrainer> trainer_;
   std::optional<ClusterSync> sync_;
@@ -508,12 +512,14 @@ void Run::build() {
     MPI_Comm_free(&node);
     shape_.backend.gpu = o_.gpu >= 0 ? o_.gpu : local;
   }
-  MPI_Comm_split(world_, replica_, stage_, &cluster_);
-  MPI_Comm_split(world_, stage_, replica_, &stage_comm_);
+  comms_ = std::make_unique<RankComms>(world_, layout_, rank_);
+  cluster_ = comms_->pipeline();
+  const MPI_Comm data_parallel = layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL;
   const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
   link_ = std::make_unique<StageLink>(cluster_, pipeline_slots(shape_.schedule, S, stage_, shape_.micro_batches), act);
   cpu::set_threads(o_.threads);
-  trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, o_.seed);
+  shape_.dp_rank = dp_rank_;
+  trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, data_parallel, o_.seed);
   auto& model = trainer_->model();
   // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop
   // modes it is pulled once per round, after the local steps, for end_round (and the
@@ -521,7 +527,8 @@ void Run::build() {
   // evaluation and finish read it, host and device agree.
   wte_ = model.tied_embedding();
   if (o_.clusters > 1) {
-    sync_.emplace(sync_opts_, stage_comm_, model, /*sync_tied=*/stage_ == 0, /*resuming=*/step_ > 0);
+    sync_.emplace(sync_opts_, comms_->clusters(), data_parallel, model, /*sync_tied=*/stage_ == 0,
+                  /*resuming=*/step_ > 0);
     if (sync_->per_step())
       trainer_->set_gradient_hook([this](std::span<float> g, bool finite) { return sync_->average_gradients(g, finite); });
   }
@@ -618,7 +625,7 @@ bool Run::room_for_checkpoints() {
                   "dilocox-train: %s--checkpoint-dir %s has %.1f MB free, the run needs %.1f MB more there (%d rank(s) "
                   "on this node, each keeping 3 checkpoints of %.1f MB: the newest two and the one being written): "
                   "%.1f MB short; free space or choose another folder\n",
-                  world_size_ > 1 ? (describe_rank(rank_, o_.stages, world_size_) + ": ").c_str() : "",
+                  world_size_ > 1 ? (layout_.describe(rank_) + ": ").c_str() : "",
                   o_.checkpoint_dir.c_str(), room / 1e6, need / 1e6, ranks_here, bytes / 1e6, worst.shortfall / 1e6);
     std::fputs(buf, stderr);
     std::fflush(stderr);
@@ -629,8 +636,8 @@ bool Run::room_for_checkpoints() {
 // Frees what build() made (the communicators, the outer loop).
 void Run::release() {
   if (sync_) sync_.reset();
-  MPI_Comm_free(&stage_comm_);
-  MPI_Comm_free(&cluster_);
+  comms_.reset();
+  cluster_ = MPI_COMM_NULL;
 }
 
 // ---------------------------------------------------------------------------------
@@ -737,7 +744,7 @@ void Run::after_rounds_step(bool& skipped_since_sync) {
     skipped_since_sync = false;
     if (dump_) dump_->write(dump_index_++, model);
   }
-  const auto stats = sync_->after_step();
+  const auto stats = sync_->after_step(due);
   if (due) {
     refresh_tied(stage_ == 0);
     model.push_params();
@@ -926,6 +933,18 @@ int Run::finish() {
 }
 
 // The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
+// Whether the D ranks of every stage hold the same parameters, bit for bit (all ranks).
+bool Run::data_parallel_identical() {
+  auto& model = trainer_->model();
+  model.pull_params();
+  const std::uint64_t h = dilocox::checksum64(std::as_bytes(std::span<const float>(model.params())));
+  std::uint64_t v[2] = {h, ~h};  // min of ~h = ~(max of h)
+  MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, comms_->data_parallel());
+  int same = v[0] == ~v[1] ? 1 : 0;
+  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, world_);
+  return same != 0;
+}
+
 json Run::summary() {
   const int K = o_.clusters;
   json s{{"model", shape_.model.name},
@@ -941,6 +960,12 @@ json Run::summary() {
          {"diverged", diverged_ || (!interrupted_ && !std::isfinite(last_eval_))},
          {"checkpoint_step", last_checkpoint_ >= 0 && !o_.checkpoint_dir.empty() ? json(last_checkpoint_) : json(nullptr)}};
   if (metrics_.is_open()) s["metrics_lost_lines"] = metrics_.lost_lines();
+  if (layout_.dp > 1) {  // the fast links inside clusters: data-parallel gradients, shared outer-loop shards
+    s["dp"] = layout_.dp;
+    s["dp_identical"] = data_parallel_identical();
+    s["in_cluster_bytes"] = sum_over(world_, static_cast<double>(trainer_->data_parallel_bytes() +
+                                                                 (sync_ ? sync_->group_bytes() : 0)));
+  }
   if (sync_) {
     const double wire = sum_over(world_, static_cast<double>(sync_->wire_bytes()));
     const double dense = sum_over(world_, static_cast<double>(sync_->dense_bytes()));
@@ -959,6 +984,11 @@ json Run::summary() {
     s["syncs"] = sync_->syncs();
     s["dropped_syncs"] = sync_->dropped_syncs();
     s["replicas_identical"] = bad == 0;
+    const auto m = sync_->memory();  // the largest of any rank, component by component
+    std::uint64_t v[6] = {m.global, m.anchor, m.momentum, m.workspace, m.compressor, m.total()};
+    MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_UINT64_T, MPI_MAX, world_);
+    s["outer_state_bytes_per_rank"] = {{"global", v[0]}, {"anchor", v[1]}, {"momentum", v[2]},
+                                       {"workspace", v[3]}, {"compressor", v[4]}, {"total", v[5]}};
   }
   return s;
 }
@@ -1013,12 +1043,11 @@ int run_agreed(const TrainOptions& o, Run& run, std::int64_t start, int rank, in
       if (rank == 0) std::fprintf(stderr, "dilocox-train: %s\n", e.what());
       return 2;
     }
-    std::fprintf(stderr, "dilocox-train: %s: %s\n", describe_rank(rank, o.stages, size).c_str(), e.what());
+    std::fprintf(stderr, "dilocox-train: %s: %s\n", layout_of(o).describe(rank).c_str(), e.what());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 2);  // the others would wait for this rank forever
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dilocox-train: %s: %s\n", describe_rank(rank, size > 1 ? o.stages : 0, size).c_str(),
-                 e.what());
+    std::fprintf(stderr, "dilocox-train: %s: %s\n", (size > 1 ? layout_of(o).describe(rank) : "rank 0").c_str(), e.what());
     std::fflush(stderr);
     if (size > 1) MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1042,7 +1071,8 @@ int main(int argc, char** argv) {
                          "a rank that stops answering will hang the others\n");
   if (size > 1 && provided >= MPI_THREAD_MULTIPLE)
     watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout,
-                     o ? o->progress_timeout : TrainOptions{}.progress_timeout, o ? o->stages : 0);
+                     o ? o->progress_timeout : TrainOptions{}.progress_timeout,
+                     o ? layout_of(*o) : RankLayout{.stages = 0});
   std::optional<Run> run;
   json report;
   if (const auto missing = unclassified_flags(); !missing.empty()) {

@@ -31,6 +31,7 @@ struct TrainOptions {
   std::string model = "small";
   int layers = 0, embd = 0, heads = 0, vocab = 0;  // 0: the preset's (vocab: the preset's, at least the data's)
   int stages = 1;
+  int dp = 1;                       // D: data-parallel pipelines per cluster, each stage on D ranks (layout.hpp)
   std::int64_t tokens = 2'000'000;  // training budget; steps = ceil(tokens / (batch x seq_len))
   int batch = 16;
   int micro_batches = 0;            // 0: 1 on one stage, 2 x stages otherwise
@@ -58,7 +59,7 @@ struct TrainOptions {
   double progress_timeout = 600;    // seconds a rank may stay at one step and activity (0: off); generous: a
                                     //   slow evaluation or save must not end a healthy run (watchdog.hpp)
   int max_nonfinite_steps = 10;     // consecutive steps with a NaN/Inf loss (any replica) that end the run
-  // Across clusters: K replicas x S stages = mpirun -np K*S; modes in sync_modes.hpp.
+  // Across clusters: K replicas x D x S stages = mpirun -np K*D*S; modes in sync_modes.hpp.
   int clusters = 1;
   std::string sync = "dilocox";
   int bits = 0;                     // 0: the mode's default
@@ -165,6 +166,10 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::Range(2, 65536));
   app.add_option("--stages", o.stages, "pipeline stages, one MPI rank each (S > 1: run under mpirun -np S)")
       ->capture_default_str()->check(CLI::Range(1, 1024));
+  app.add_option("--dp", o.dp,
+                 "data-parallel pipelines per cluster: each stage on D ranks that split the batch, average their "
+                 "gradients every step and share the stage's outer-loop state (mpirun -np clusters x D x stages)")
+      ->capture_default_str()->check(CLI::Range(1, 1024));
   app.add_option("--tokens", o.tokens, "training budget in tokens")->capture_default_str()
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 50));
   app.add_option("--batch", o.batch, "sequences per optimizer step")->capture_default_str()
@@ -225,7 +230,7 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
                  "end the run (exit 1) after this many consecutive steps with a NaN/Inf loss on any replica")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
   auto* g = "Across clusters";
-  app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x stages)")
+  app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x dp x stages)")
       ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
   std::string modes_help;
   for (const auto& m : sync_modes())

@@ -18,6 +18,8 @@
 // flag fingerprint (run_agreement.hpp) remove the causes found so far.
 #pragma once
 
+#include "layout.hpp"
+
 #include <mpi.h>
 #include <unistd.h>
 
@@ -53,21 +55,13 @@ inline const char* to_string(Activity a) {
   return "?";
 }
 
-// "rank 2 (stage 0, replica 1)"; stages <= 0: "rank 2".
-inline std::string describe_rank(int rank, int stages, int world) {
-  if (stages <= 0 || world <= 1) return "rank " + std::to_string(rank);
-  std::string s = "rank " + std::to_string(rank) + " (stage " + std::to_string(rank % stages);
-  if (world > stages) s += ", replica " + std::to_string(rank / stages);
-  return s + ")";
-}
-
 class Watchdog {
  public:
   // world: every rank (duplicated here). timeout_seconds: silence before a peer is lost.
   // progress_seconds: the least time at one step and activity before a rank is stuck
-  // (0: never). stages: to name ranks (stage = rank % stages, replica = rank / stages).
-  Watchdog(MPI_Comm world, double timeout_seconds, double progress_seconds, int stages)
-      : timeout_(timeout_seconds), progress_(progress_seconds), stages_(stages) {
+  // (0: never). layout: to name ranks (stages <= 0: by number only).
+  Watchdog(MPI_Comm world, double timeout_seconds, double progress_seconds, RankLayout layout)
+      : timeout_(timeout_seconds), progress_(progress_seconds), layout_(layout) {
     MPI_Comm_dup(world, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -260,8 +254,7 @@ class Watchdog {
     else
       std::snprintf(buf, sizeof buf, "stopped answering: nothing heard for %.1f s (--collective-timeout %g)",
                     m.silent_seconds, timeout_);
-    std::string s = "dilocox-train: " + describe_rank(rank_, stages_, size_) + ": " +
-                    describe_rank(m.subject, stages_, size_) + " " + buf;
+    std::string s = "dilocox-train: " + layout_.describe(rank_) + ": " + layout_.describe(m.subject) + " " + buf;
     if (m.reason == stuck)
       s += "; still " + std::string(to_string(static_cast<Activity>(m.subject_activity))) + " at step " +
            std::to_string(m.subject_step);
@@ -357,7 +350,7 @@ class Watchdog {
   double timeout_;
   double progress_;
   double longest_ = 0;  // the hub: the longest any rank has stayed at one step and activity
-  int stages_;
+  RankLayout layout_;
   std::atomic<std::int32_t> activity_{static_cast<std::int32_t>(Activity::starting)};
   std::atomic<std::int64_t> step_{0};
   std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};  // when step_ or activity_ changed

@@ -41,6 +41,16 @@ namespace dilocox {
 
 enum class Rebase : std::uint8_t { keep, overwrite, blend, mix };
 
+// What an OuterLoop holds, in bytes (OuterLoop::memory()).
+struct OuterMemory {
+  std::uint64_t global = 0;      // theta, the global parameters
+  std::uint64_t anchor = 0;      // each pseudo-gradient's origin
+  std::uint64_t momentum = 0;    // the outer optimizer's momentum
+  std::uint64_t workspace = 0;   // the syncs' buffers: two slots of pseudo-gradient, its copy, the mean
+  std::uint64_t compressor = 0;  // the compressor's state (error feedback, projector)
+  std::uint64_t total() const { return global + anchor + momentum + workspace + compressor; }
+};
+
 inline const char* to_string(Rebase r) {
   return r == Rebase::keep ? "keep" : r == Rebase::overwrite ? "overwrite" : r == Rebase::blend ? "blend" : "mix";
 }
@@ -182,6 +192,29 @@ class OuterLoop {
   std::size_t tensor_count() const { return params_.size(); }
   // The tensors of fragment f (indices into the constructor's list).
   std::span<const std::size_t> fragment_tensors(int f) const { return fragments_[static_cast<std::size_t>(f)].tensors; }
+  // The outer state this loop holds, in bytes by component, counted from its buffers
+  // (the compressor's from its state_bytes(): error feedback, projector state).
+  OuterMemory memory() const {
+    OuterMemory m;
+    std::vector<TensorSpec> specs;
+    for (std::size_t t = 0; t < params_.size(); ++t) {
+      m.global += 4 * theta_[t].capacity();
+      m.anchor += 4 * anchor_[t].capacity();
+      m.momentum += 4 * outer_[t].momentum_buffer().size();
+      specs.push_back({params_[t].name, params_[t].shape});
+    }
+    for (const auto& f : fragments_)
+      for (const auto& slot : f.slots)
+        for (const auto* v : {&slot.delta, &slot.x, &slot.mean})
+          for (const auto& b : *v) m.workspace += 4 * b.capacity();
+    m.compressor = compressor_.state_bytes(specs).value_or(0);
+    return m;
+  }
+
+  // The tensors whose phi the last step(), end_round() or finish() wrote (indices into
+  // the constructor's list): what a data-parallel group sharing this loop must pass on
+  // (dilocox/shard.hpp).
+  std::span<const std::size_t> rewritten() const { return rewritten_; }
 
   // Whether the next step() syncs (a trainer with parameters elsewhere, e.g. on a GPU,
   // brings them to the host first), and which fragment syncs next.
@@ -195,6 +228,7 @@ class OuterLoop {
   // Call after every inner step. Syncs the fragments whose turn it is; returns the
   // syncs applied (empty on most steps). When it returns anything, phi has changed.
   std::vector<SyncStats> step() {
+    rewritten_.clear();
     for (auto& f : fragments_) ++f.steps;
     ++step_in_round_;
     std::vector<SyncStats> out;
@@ -210,6 +244,7 @@ class OuterLoop {
   // The round's remaining steps were taken (for trainers that count H themselves):
   // syncs every fragment not yet synced this round, and starts the next round.
   std::vector<SyncStats> end_round() {
+    rewritten_.clear();
     for (auto& f : fragments_) f.steps += local_steps_ - step_in_round_;
     step_in_round_ = local_steps_;
     std::vector<SyncStats> out;
@@ -227,6 +262,7 @@ class OuterLoop {
   // last sync (without delay), and sets phi to the final global parameters. Call once
   // at the end, on every replica after the same number of steps.
   std::vector<SyncStats> finish() {
+    rewritten_.clear();
     std::vector<SyncStats> out;
     for (int i = 0; i < fragments(); ++i) {  // oldest first: the queue's order
       const int f = (next_fragment_ + i) % fragments();
@@ -586,6 +622,7 @@ class OuterLoop {
   // times the blend; overwrite: phi = theta). A replica dropped now or last time
   // restarts from theta.
   void rebase(const Fragment& fr, const Slot* current, const Slot* owed) {
+    rewritten_.insert(rewritten_.end(), fr.tensors.begin(), fr.tensors.end());
     const bool reset = config_.rebase == Rebase::overwrite || (current && current->self_bad >= 0) || fr.self_dropped;
     if (config_.rebase == Rebase::mix && !reset) {  // Streaming DiLoCo: phi = (1 - alpha) theta + alpha phi
       for (std::size_t t : fr.tensors)
@@ -608,6 +645,7 @@ class OuterLoop {
     }
   }
   void set_phi_to_theta(const Fragment& fr) {
+    rewritten_.insert(rewritten_.end(), fr.tensors.begin(), fr.tensors.end());
     for (std::size_t t : fr.tensors) std::copy(theta_[t].begin(), theta_[t].end(), params_[t].data.begin());
   }
   void copy_anchor(const Fragment& fr) {  // the next pseudo-gradient's origin: phi, or theta (mix)
@@ -743,6 +781,7 @@ class OuterLoop {
   std::vector<std::vector<float>> theta_, anchor_;  // (tensors) global parameters, sync anchors
   std::vector<NesterovOuterOptimizer> outer_;
   std::vector<Fragment> fragments_;
+  std::vector<std::size_t> rewritten_;  // tensors whose phi the last step wrote (may repeat)
   BackgroundReductions background_;
   std::deque<ReductionTiming> completed_;  // reductions waited for by save_state(), oldest first
   std::uint64_t round_ = 0, next_sync_ = 0;

@@ -30,6 +30,7 @@
 #include "dilocox/random.hpp"
 #include "dilocox/sparse_code.hpp"
 #include "dilocox/reduce.hpp"
+#include "dilocox/shard.hpp"
 #include "dilocox/tensor.hpp"
 #include "dilocox/tensor_eigen.hpp"
 #include "dilocox/wire.hpp"

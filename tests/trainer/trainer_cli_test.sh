@@ -180,6 +180,50 @@ clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 
     echo "ok: $mode: loss $first -> $final, $syncs syncs, replicas identical; resume bit for bit; NaN on replica 1 -> $nan_final"
   done
   ;;
+dp)  # K = 2 clusters x D = 2 data-parallel pipelines x S = 2 stages (mpirun -np 8), every sync mode:
+     # loss falls, replicas and the D copies identical (also mid-round), resume bit for bit; against
+     # D = 1 at the same global batch: the same loss and WAN bytes (a payload header more per shard)
+     # and half the outer state per rank (counted)
+     # where the mode's choices do not depend on which tensors a rank holds; CocktailSGD's random
+     # sample and DiLoCoX's adaptive rank are drawn per shard, so theirs only come close
+  [[ -n $mpiexec ]] || fail "dp needs MPIEXEC"
+  field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
+  flags=("${common[@]}" --clusters 2 --stages 2 --micro-batches 1 --tokens 6144 --local-steps 3 --lr 3e-3)
+  d2=("$mpiexec" -n 8 --oversubscribe --allow-run-as-root "$train" "${flags[@]}" --dp 2)
+  d1=("$mpiexec" -n 4 --oversubscribe --allow-run-as-root "$train" "${flags[@]}")
+  for mode in allreduce diloco cocktail sparseloco dilocox; do
+    "${d2[@]}" --sync $mode --metrics $mode.jsonl >$mode.txt
+    "${d1[@]}" --sync $mode >one_$mode.txt
+    for f in replicas_identical dp_identical; do
+      [[ $(field $f $mode.txt) == true ]] || fail "$mode: $f is not true: $(cat $mode.txt)"
+    done
+    first=$(grep -m1 '"type":"step"' $mode.jsonl | grep -o '"loss":[^,]*' | cut -d: -f2)
+    final=$(field final_eval_loss $mode.txt) one=$(field final_eval_loss one_$mode.txt)
+    awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
+    wire=$(field wire_bytes $mode.txt) wire1=$(field wire_bytes one_$mode.txt)
+    case $mode in cocktail|dilocox) loss_tol=0.01 wire_tol=0.1 ;; *) loss_tol=1e-6 wire_tol=0.01 ;; esac
+    awk -v a="$final" -v b="$one" -v t=$loss_tol 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t * b) }' ||
+      fail "$mode: D = 2 ends at $final, D = 1 at $one (tolerance $loss_tol)"
+    awk -v a="$wire" -v b="$wire1" -v t=$wire_tol 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t * b) }' ||
+      fail "$mode: D = 2 put $wire bytes on the WAN, D = 1 $wire1 (tolerance $wire_tol)"
+    if [[ $mode != allreduce ]]; then  # the outer state a rank holds, counted by the loop: about half
+      state=$(grep -o '"total":[0-9]*' $mode.txt | cut -d: -f2) state1=$(grep -o '"total":[0-9]*' one_$mode.txt | cut -d: -f2)
+      awk -v a="$state" -v b="$state1" 'BEGIN { exit !(a <= 0.55 * b && a >= 0.45 * b) }' ||
+        fail "$mode: a rank holds $state bytes of outer state at D = 2, $state1 at D = 1"
+    fi
+    "${d2[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --stop-after 8 >s_$mode.txt
+    [[ $(field dp_identical s_$mode.txt) == true ]] || fail "$mode: the D copies differ at step 8"
+    "${d2[@]}" --sync $mode --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --resume >r_$mode.txt
+    losses $mode.jsonl >a.txt
+    losses r_$mode.jsonl >b.txt
+    diff a.txt b.txt >/dev/null || fail "$mode: the resumed run's losses differ: $(diff a.txt b.txt | head -4)"
+    [[ $(field final_eval_loss r_$mode.txt) == "$final" ]] || fail "$mode: resumed eval differs"
+    echo "ok: $mode: loss $first -> $final (D = 1: $one), WAN $wire bytes (D = 1: $wire1), in-cluster $(field in_cluster_bytes $mode.txt), outer state per rank ${state:-0} (D = 1: ${state1:-0}); copies identical; resume bit for bit"
+  done
+  # Resuming with another D is refused, naming both layouts.
+  if "${d1[@]}" --sync diloco --checkpoint-dir ck_diloco --resume >x.txt 2>x.err; then fail "another --dp resumed"; fi
+  grep -q "2 dp" x.err && grep -q "2 clusters x 2 stages" x.err || fail "another --dp: $(cat x.err)"
+  ;;
 load)  # same flags + seed = same numbers, idle or beside busy loops on every core (H is agreed, never timed)
   [[ -n $mpiexec ]] || fail "load needs MPIEXEC"
   mpi=("$mpiexec" -n 2 --oversubscribe --allow-run-as-root)
