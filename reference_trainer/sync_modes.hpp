@@ -25,8 +25,8 @@ namespace dilocox::trainer {
 struct SyncOptions {
   std::string mode = "dilocox";
   int bits = 0;                  // 0: the mode's default
-  int rank = 8;                  // dilocox: initial rank r0
-  int max_rank = 32;             // dilocox adaptive: r_max
+  int rank = LowRankCompressorConfig{}.rank;        // dilocox: initial rank r0 (the library's default)
+  int max_rank = AdaptiveConfig{}.r_max;            // dilocox adaptive: r_max (the library's default)
   int local_steps = 20;          // H0
   int max_local_steps = 500;     // largest H the adaptive rule may reach
   std::optional<bool> overlap;   // unset: the mode's default

@@ -61,22 +61,22 @@ struct TrainOptions {
   int max_nonfinite_steps = 10;     // consecutive steps with a NaN/Inf loss (any replica) that end the run
   // Across clusters: K replicas x D x S stages = mpirun -np K*D*S; modes in sync_modes.hpp.
   int clusters = 1;
-  std::string sync = "dilocox";
-  int bits = 0;                     // 0: the mode's default
-  int rank = 8;                     // dilocox: r0
-  int max_rank = 32;                // dilocox adaptive: r_max
-  int local_steps = 20;             // H0
-  int max_local_steps = 500;        // largest H the adaptive rule may reach
+  std::string sync = SyncOptions{}.mode;  // the defaults below are SyncOptions' (sync_modes.hpp)
+  int bits = SyncOptions{}.bits;
+  int rank = SyncOptions{}.rank;
+  int max_rank = SyncOptions{}.max_rank;
+  int local_steps = SyncOptions{}.local_steps;
+  int max_local_steps = SyncOptions{}.max_local_steps;
   bool overlap = true;              // --overlap / --no-overlap (when given; else the mode's default)
   bool overlap_given = false;
   bool no_adaptive = false;
-  int fragments = 1;                // streaming fragments
+  int fragments = SyncOptions{}.fragments;
   std::string rebase;               // "": the mode's
   int overlap_steps = -1;           // < 0: the mode's tau
   std::string momentum_at;          // "": the mode's
   float outer_lr = 0;               // 0: the mode's outer step
   float outer_momentum = -1;        // < 0: the mode's outer step
-  double step_seconds = 0;          // modelled seconds per inner step (overlap floor of H); 0: none
+  double step_seconds = SyncOptions{}.step_seconds;
   std::string wan_bandwidth = "1Gbps", wan_latency = "0";
   std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
   std::string dump_pseudo_gradients;  // folder: replica 0 writes each round's pseudo-gradient
@@ -153,10 +153,9 @@ struct ParseExit {
   std::string text;
 };
 
-// Defines every flag of dilocox-train on app, bound to o; returns the --overlap option
-// (whether it was given decides between the flag and the mode's default).
-inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
+namespace detail {
+// The model, the data's shape and the inner optimizer.
+inline void define_model_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--model", o.model, "preset: tiny, small, medium (opt-1.3b, qwen1.5-107b: shapes for planning)")
       ->capture_default_str()->check(CLI::IsMember(gpt_preset_names()));
   app.add_option("--layers", o.layers, "override the preset's number of layers")->check(CLI::Range(1, 4096));
@@ -197,6 +196,10 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--grad-clip", o.adamw.grad_clip, "clip the global gradient norm (0: off)")->capture_default_str()
       ->check(detail::non_negative_float);
   app.add_option("--seed", o.seed, "initialization and data-order seed")->capture_default_str();
+}
+
+// Data, metrics, checkpoints, evaluation and the run's timeouts.
+inline void define_run_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--data-dir", o.data_dir, "train.bin and val.bin from scripts/prepare_data.sh")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics, "append one JSON object per step and per evaluation (rank 0)");
@@ -229,6 +232,11 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--max-nonfinite-steps", o.max_nonfinite_steps,
                  "end the run (exit 1) after this many consecutive steps with a NaN/Inf loss on any replica")
       ->capture_default_str()->check(CLI::Range(1, 1000000));
+}
+
+// Across clusters; returns the --overlap option (whether it was given decides between
+// the flag and the mode's default).
+inline CLI::Option* define_cluster_flags(CLI::App& app, TrainOptions& o) {
   auto* g = "Across clusters";
   app.add_option("--clusters", o.clusters, "K replicas joined by the emulated WAN (mpirun -np K x dp x stages)")
       ->capture_default_str()->check(CLI::Range(1, 1024))->group(g);
@@ -277,6 +285,13 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
       ->group(g);
   app.add_option("--inject-nan", o.inject_nan, "STEP:REPLICA: that replica's step gets a NaN batch (fault test)")
       ->group(g);
+  app.add_option("--dump-pseudo-gradients", o.dump_pseudo_gradients,
+                 "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
+  return overlap;
+}
+
+// --plan and what only a plan reads.
+inline void define_plan_flags(CLI::App& app, TrainOptions& o) {
   auto* p = "Planning";
   app.add_flag("--plan", o.plan, "print the plan of this run (memory, wire bytes, round times, tokens/s); no training")
       ->group(p);
@@ -288,8 +303,16 @@ inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
       ->check(detail::positive)->group(p);
   app.add_option("--shards", o.shards, "ranks sharing one stage inside a cluster (0: the fewest that fit)")
       ->capture_default_str()->check(CLI::Range(0, 4096))->group(p);
-  app.add_option("--dump-pseudo-gradients", o.dump_pseudo_gradients,
-                 "folder where replica 0 writes each round's pseudo-gradient (stage files)")->group(g);
+}
+}  // namespace detail
+
+// Defines every flag of dilocox-train on app, bound to o; returns the --overlap option.
+inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
+  detail::define_model_flags(app, o);
+  detail::define_run_flags(app, o);
+  auto* overlap = detail::define_cluster_flags(app, o);
+  detail::define_plan_flags(app, o);
   return overlap;
 }
 

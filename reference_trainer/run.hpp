@@ -1,0 +1,132 @@
+// reference_trainer/run.hpp: one rank's run of dilocox-train, by phase: the inputs and
+// the start agreement (run_start.cpp), building and loading (run_build.cpp), the step
+// loop and evaluation (run_train.cpp), checkpoints, the end and the summary
+// (run_finish.cpp). main (train_main.cpp) makes a Run, agrees on its start, trains.
+#pragma once
+
+#include "checkpoint.hpp"
+#include "checkpoint_folder.hpp"
+#include "cluster_sync.hpp"
+#include "data/batch_sampler.hpp"
+#include "data/token_shard.hpp"
+#include "layout.hpp"
+#include "metrics_file.hpp"
+#include "progress.hpp"
+#include "pseudo_gradient_dump.hpp"
+#include "rank_comms.hpp"
+#include "run_inputs.hpp"
+#include "stage_trainer.hpp"
+#include "train_options.hpp"
+#include "watchdog.hpp"
+
+#include <mpi.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dilocox::trainer {
+
+// What the ranks agree on after every step (one allreduce of these, MAX).
+struct StepFlags {
+  int signal = 0;           // a stop signal on some rank
+  bool stop_after = false;  // --stop-after reached
+  bool time_due = false;    // --checkpoint-minutes elapsed on some rank's clock
+  bool nonfinite = false;   // some replica's loss was NaN/Inf
+};
+
+class Run {
+ public:
+  Run(const TrainOptions& o, MPI_Comm world, Watchdog* watchdog) : o_(o), world_(world), watchdog_(watchdog) {
+    MPI_Comm_rank(world_, &rank_);
+    MPI_Comm_size(world_, &world_size_);
+    layout_ = layout_of(o_);
+    const RankCoord c = layout_.coord(rank_);
+    replica_ = c.cluster, dp_rank_ = c.dp, stage_ = c.stage;
+  }
+
+  // Start (run_start.cpp): this rank's report for the start agreement (never throws);
+  // after a go, the step every rank resumes from.
+  json check_inputs();
+  std::int64_t agreed_start(const std::vector<json>& reports);
+  // Builds, loads the agreed step, trains to the end or a stop; the exit code.
+  int train(std::int64_t start);
+
+ private:
+  std::string where() const;
+  void check_inputs_or_throw();
+  void check_checkpoints();
+  void check_resumable(const Checkpoint& c, std::int64_t step);
+  json run_meta(std::int64_t step, bool finished, double final_eval) const;
+
+  void at(Activity a, std::int64_t step) {
+    if (watchdog_) watchdog_->at(a, step);
+  }
+
+  void build();
+  void load(std::int64_t start);
+  bool stopped_before_training();
+  bool room_for_checkpoints();
+  Checkpoint make_checkpoint(bool finished);
+  void open_metrics(std::int64_t start);
+  void write_metrics(const json& line);
+  void release();
+  void train_loop();
+  std::string checkpoint_plan() const;
+  void after_rounds_step(bool& skipped_since_sync);
+  void log_step(const StepStats& st);
+  StepFlags agree_after_step(const StepStats& st);
+  void evaluate(std::int64_t at);
+  void refresh_tied(bool first_stage_synced);
+  void maybe_note_grace();
+  void save(bool finished);
+  int finish();
+  json summary();
+  bool data_parallel_identical();
+  void sync_event(const dilocox::SyncStats& rs);
+
+  TrainOptions o_;
+  MPI_Comm world_;
+  Watchdog* watchdog_;
+  RankLayout layout_;
+  int rank_ = 0, world_size_ = 1, replica_ = 0, dp_rank_ = 0, stage_ = 0;
+  // Checked inputs.
+  TokenShard train_data_, val_data_;
+  std::string data_fingerprint_;
+  TrainShape shape_;
+  SyncOptions sync_opts_;
+  std::int64_t step_tokens_ = 0, total_steps_ = 0;
+  std::pair<std::int64_t, int> fault_{-1, -1};
+  std::optional<BatchSampler> train_sampler_, val_sampler_;
+  std::string prefix_;
+  std::vector<std::int64_t> own_steps_, intact_steps_;
+  int removed_tmp_ = 0;
+  std::optional<Checkpoint> loaded_;
+  std::int64_t loaded_step_ = -1;
+  FolderLock folder_lock_, rank_lock_;  // held for the run's life
+  // Built after the agreement.
+  std::unique_ptr<RankComms> comms_;
+  MPI_Comm cluster_ = MPI_COMM_NULL;  // comms_->pipeline(): this pipeline's S stages
+  std::unique_ptr<StageLink> link_;
+  std::unique_ptr<StageTrainer> trainer_;
+  std::optional<ClusterSync> sync_;
+  std::optional<PseudoGradientDump> dump_;
+  std::uint64_t dump_index_ = 0;
+  const ParamTensor* wte_ = nullptr;
+  bool rounds_ = false;
+  MetricsFile metrics_;
+  std::unique_ptr<ProgressLine> progress_;
+  std::vector<float> saved_params_;
+  // The run's progress.
+  double t_start_ = now_seconds(), train_seconds_ = 0, last_eval_ = std::numeric_limits<double>::quiet_NaN();
+  std::int64_t step_ = 0, trained_here_ = 0, last_checkpoint_ = -1;
+  double last_save_time_ = now_seconds(), last_save_seconds_ = 0, last_step_seconds_ = 0;
+  bool interrupted_ = false, diverged_ = false, finished_before_ = false, grace_noted_ = false;
+  int stop_signal_ = 0, nonfinite_streak_ = 0, mismatched_syncs_ = 0;
+};
+
+}  // namespace dilocox::trainer
