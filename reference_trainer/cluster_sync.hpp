@@ -41,7 +41,7 @@ class ClusterSync {
   ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, MPI_Comm data_parallel, StageModel& model, bool sync_tied,
               bool resuming)
       : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
-    if (data_parallel != MPI_COMM_NULL) group_.emplace(data_parallel), group_comm_ = data_parallel;
+    if (data_parallel != MPI_COMM_NULL) group_.emplace(data_parallel);
     std::vector<TensorSpec> specs;
     for (const auto& t : model.tensors()) {
       if (t.name == "wte" && !sync_tied) continue;
@@ -140,11 +140,9 @@ class ClusterSync {
   }
   // Whether the next step syncs on any rank of the group (the same answer on each).
   bool next_step_syncs() {
-    int due = loop_ && loop_->next_step_syncs() ? 1 : 0;
-    if (group_)
-      dilocox::detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &due, 1, MPI_INT, MPI_MAX, group_comm_),
-                                 "MPI_Allreduce", "ClusterSync");
-    return due != 0;
+    float due[1] = {loop_ && loop_->next_step_syncs() ? 1.0f : 0.0f};
+    if (group_) group_->allreduce_sum(std::span<float>(due));
+    return due[0] != 0.0f;
   }
   // The outer state this rank holds (none in AllReduce mode, or without tensors).
   OuterMemory memory() const { return loop_ ? loop_->memory() : OuterMemory{}; }
@@ -251,7 +249,6 @@ class ClusterSync {
   StageModel* model_;
   std::optional<OuterLoop<WanLink>> loop_;
   std::optional<MpiCommunicator> group_;   // the stage's D ranks in this cluster (D > 1)
-  MPI_Comm group_comm_ = MPI_COMM_NULL;    //   and their communicator (the caller's) for flags
   std::vector<std::span<float>> synced_;   // the stage's tensors the outer loops of the group hold
   std::vector<int> owner_;                 // (synced_) the group rank whose loop holds each
   std::vector<std::size_t> mine_;          // this rank's: loop tensor i is synced_[mine_[i]]

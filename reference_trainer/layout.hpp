@@ -29,15 +29,19 @@ struct RankLayout {
   int group_of(RankCoord c) const { return c.cluster * stages + c.stage; }
   int peers_of(RankCoord c) const { return c.dp * stages + c.stage; }
 
+  // "stage 1, dp 0, replica 1" (dp and replica only when there are several).
+  std::string where(int rank) const {
+    const RankCoord c = coord(rank);
+    std::string s = "stage " + std::to_string(c.stage);
+    if (dp > 1) s += ", dp " + std::to_string(c.dp);
+    if (clusters > 1) s += ", replica " + std::to_string(c.cluster);
+    return s;
+  }
   // "rank 5 (stage 1, dp 0, replica 1)"; what a one-rank run or a layout not yet known
   // (stages <= 0) has not: "rank 5".
   std::string describe(int rank) const {
     if (stages <= 0 || world() <= 1 || rank >= world()) return "rank " + std::to_string(rank);
-    const RankCoord c = coord(rank);
-    std::string s = "rank " + std::to_string(rank) + " (stage " + std::to_string(c.stage);
-    if (dp > 1) s += ", dp " + std::to_string(c.dp);
-    if (clusters > 1) s += ", replica " + std::to_string(c.cluster);
-    return s + ")";
+    return "rank " + std::to_string(rank) + " (" + where(rank) + ")";
   }
 
   // The checkpoint file prefix of a rank: "stage0of2", "stage0of2-replica1of2",

@@ -96,9 +96,7 @@ std::int64_t Run::agreed_start(const std::vector<json>& reports) {
 }
 
 std::string Run::where() const {
-  if (world_size_ == 1) return "";
-  const std::string r = layout_.describe(rank_);  // "rank 5 (stage 1, dp 0, replica 1)": what is in ( )
-  return r.substr(r.find('(') + 1, r.size() - r.find('(') - 2);
+  return world_size_ == 1 ? "" : layout_.where(rank_);
 }
 
 void Run::check_inputs_or_throw() {

@@ -216,9 +216,8 @@ inline void check_tiled(std::span<const std::byte> in, const Shape& shape, const
   }
 }
 
-// out (the tensor, shape.numel() floats) += the values the code carries. Throws Error
-// when an index is out of its tile or not ascending.
-// f(position, value) for each kept entry of a checked payload, in wire order.
+// f(position, value) for each kept entry of a payload, in wire order. Throws Error when
+// an index is out of its tile or not ascending.
 template <class F>
 void visit_tiled(std::span<const std::byte> in, const Shape& shape, const TiledCode& c, F&& f) {
   check_tiled(in, shape, c);
@@ -233,6 +232,7 @@ void visit_tiled(std::span<const std::byte> in, const Shape& shape, const TiledC
   }
 }
 
+// out (the tensor, shape.numel() floats) += the values the code carries.
 inline void decode_tiled_add(std::span<const std::byte> in, const Shape& shape, const TiledCode& c,
                              std::span<float> out) {
   detail::require(out.size() == shape.numel(), "decode_tiled_add", "output does not have the shape's element count");
