@@ -48,15 +48,16 @@ class ClusterSync {
       specs.push_back({t.name, t.dims()});
       synced_.push_back(model.param(t));
     }
+    if (mode_->per_step) return;  // AllReduce: the group splits the flat gradient instead
     owner_ = shard_tensors(specs, group_size());
     mine_ = owned_tensors(owner_, group_rank());
-    for (std::size_t i : mine_) stage_floats_ += synced_[i].size();
-    if (mode_->per_step || mine_.empty()) return;
     std::vector<NamedTensor> params;
     for (std::size_t i : mine_) params.push_back({specs[i].name, specs[i].shape, synced_[i]});
+    for (const auto& p : params) stage_floats_ += p.data.size();
     AnyCompressor compressor = mode_->make(o);
     OuterLoopConfig c = outer_loop_config(*mode_, o, compressor);
     c.defer_start_check = resuming;
+    if (group_) c.group_sum = group_sum(*group_);
     loop_.emplace(link_, std::move(params), std::move(compressor), c);
   }
 
@@ -138,12 +139,9 @@ class ClusterSync {
     const auto tensors = loop_->fragment_tensors(loop_->next_fragment());
     synced_[mine_[tensors.front()]][0] = std::numeric_limits<float>::quiet_NaN();
   }
-  // Whether the next step syncs on any rank of the group (the same answer on each).
-  bool next_step_syncs() {
-    float due[1] = {loop_ && loop_->next_step_syncs() ? 1.0f : 0.0f};
-    if (group_) group_->allreduce_sum(std::span<float>(due));
-    return due[0] != 0.0f;
-  }
+  // Whether the next step syncs (the same answer on every rank of the group: its loops
+  // agree on H, and each cuts its tensors into the same number of fragments).
+  bool next_step_syncs() const { return loop_ && loop_->next_step_syncs(); }
   // The outer state this rank holds (none in AllReduce mode, or without tensors).
   OuterMemory memory() const { return loop_ ? loop_->memory() : OuterMemory{}; }
   // Bytes this rank put on the in-cluster link to share the group's tensors.
@@ -253,7 +251,7 @@ class ClusterSync {
   std::vector<int> owner_;                 // (synced_) the group rank whose loop holds each
   std::vector<std::size_t> mine_;          // this rank's: loop tensor i is synced_[mine_[i]]
   std::uint64_t group_bytes_ = 0;
-  std::size_t stage_floats_ = 0;
+  std::size_t stage_floats_ = 0;           // the floats of this rank's loop
   std::uint64_t dense_bytes_ = 0;
   std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume
   double comm_seconds_ = 0, hidden_seconds_ = 0, last_rank_ = 0;

@@ -123,6 +123,7 @@ inline const std::vector<FlagRow>& flag_table() {
       {"--rebase", outcome, [](O o) { return when(detail::outer_loop(o), o.rebase.empty() ? "the mode's" : o.rebase); }},
       {"--overlap-steps", outcome,
        [](O o) { return when(detail::outer_loop(o), o.overlap_steps >= 0 ? std::to_string(o.overlap_steps) : "the mode's"); }},
+      {"--momentum-storage", outcome, [](O o) { return when(detail::outer_loop(o), o.momentum_storage); }},
       {"--momentum-at", outcome,
        [](O o) { return when(detail::outer_loop(o), o.momentum_at.empty() ? "the mode's" : o.momentum_at); }},
       {"--outer-lr", outcome,
@@ -158,7 +159,7 @@ inline const std::vector<FlagRow>& flag_table() {
       {"--params", local, nullptr},
       {"--rank-flops", local, nullptr},
       {"--gpu-memory", local, nullptr},
-      {"--shards", local, nullptr},
+      {"--inner-state", local, nullptr},
       {"--help", local, nullptr},
   };
   return rows;

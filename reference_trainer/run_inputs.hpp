@@ -111,6 +111,7 @@ inline SyncOptions resolve_sync(const TrainOptions& o) {
                : o.rebase == "mix"       ? dilocox::Rebase::mix
                                          : dilocox::Rebase::blend;
   if (o.overlap_steps >= 0) s.overlap_steps = o.overlap_steps;
+  s.momentum_storage = o.momentum_storage == "bf16" ? dilocox::MomentumStorage::bf16 : dilocox::MomentumStorage::fp32;
   if (!o.momentum_at.empty())
     s.momentum_at = o.momentum_at == "mean" ? dilocox::MomentumAt::mean : dilocox::MomentumAt::replica;
   if (o.outer_lr > 0) s.outer_lr = o.outer_lr;

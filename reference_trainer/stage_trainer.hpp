@@ -144,14 +144,15 @@ class StageTrainer {
     return out;
   }
 
-  // Mean loss over `sequences` evaluation windows (rounded down to whole micro-batches).
+  // Mean loss over `sequences` evaluation windows (rounded down to whole micro-batches);
+  // the D pipelines of a replica take every D-th micro-batch each and sum their losses.
   double evaluate(const BatchSampler& val, std::size_t sequences) {
     const std::size_t B = static_cast<std::size_t>(shape_.micro_batch()), T = static_cast<std::size_t>(shape_.seq_len);
     const std::size_t micro = std::max<std::size_t>(1, sequences / B);
     eval_inputs_.resize(B * T);
     eval_targets_.resize(B * T);
     double loss_sum = 0;
-    for (std::size_t m = 0; m < micro; ++m) {
+    for (std::size_t m = static_cast<std::size_t>(shape_.dp_rank); m < micro; m += static_cast<std::size_t>(shape_.dp)) {
       val.fill_eval(m * B, B, eval_inputs_, eval_targets_);
       if (!model_->first()) link_.recv_forward(model_->input(0), static_cast<int>(m));
       loss_sum += model_->forward(0, eval_inputs_.data(), eval_targets_.data());
@@ -160,6 +161,9 @@ class StageTrainer {
     link_.wait_sends();
     double v[1] = {loss_sum};
     link_.allreduce_sum(v);
+    if (shape_.dp > 1)
+      detail::mpi_ok(MPI_Allreduce(MPI_IN_PLACE, v, 1, MPI_DOUBLE, MPI_SUM, data_parallel_),
+                     "MPI_Allreduce (data-parallel evaluation)");
     return v[0] / static_cast<double>(micro * B * T);
   }
 

@@ -36,6 +36,7 @@ struct SyncOptions {
   std::optional<int> overlap_steps;          // unset: the mode's tau
   std::optional<MomentumAt> momentum_at;     // unset: the mode's
   std::optional<float> outer_lr, outer_momentum;  // unset: the mode's outer step
+  MomentumStorage momentum_storage = OuterLoopConfig{}.momentum_storage;  // the library's default
   double step_seconds = 0;       // modelled seconds per inner step (overlap floor of H); 0: none
   LinkConfig link{1e9, 0.0};
 };
@@ -166,6 +167,7 @@ inline OuterLoopConfig outer_loop_config(const SyncMode& m, const SyncOptions& o
   // Streaming DiLoCo's overlap mixes; a streaming mode without overlap is DiLoCo (phi = theta).
   cfg.rebase = o.rebase.value_or(tau > 0 ? Rebase::mix : m.overlap_steps > 0 ? Rebase::overwrite : Rebase::keep);
   cfg.momentum_at = o.momentum_at.value_or(m.momentum_at);
+  cfg.momentum_storage = o.momentum_storage;
   cfg.step_seconds = o.step_seconds;
   cfg.link = o.link;
   if (o.outer_lr || o.outer_momentum) {

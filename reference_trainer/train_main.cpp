@@ -30,7 +30,8 @@ int run_plan(const TrainOptions& o) {
   in.params_override = static_cast<std::int64_t>(o.params);
   in.clusters = o.clusters;
   in.stages = o.stages;
-  in.shards = o.shards;
+  in.dp = o.dp;
+  in.inner_sharded = o.inner_state == "sharded";
   in.batch = o.batch;
   in.seq_len = o.seq_len ? o.seq_len : in.model.max_seq;
   in.micro_batches = micro_batches_of(o);

@@ -74,6 +74,7 @@ struct TrainOptions {
   std::string rebase;               // "": the mode's
   int overlap_steps = -1;           // < 0: the mode's tau
   std::string momentum_at;          // "": the mode's
+  std::string momentum_storage = to_string(SyncOptions{}.momentum_storage);
   float outer_lr = 0;               // 0: the mode's outer step
   float outer_momentum = -1;        // < 0: the mode's outer step
   double step_seconds = SyncOptions{}.step_seconds;
@@ -85,7 +86,7 @@ struct TrainOptions {
   double params = 0;                // a model known only by its size
   double rank_flops = 100e12;       // achieved training FLOP/s per rank
   double gpu_memory_gb = 80;
-  int shards = 0;                   // ranks per stage inside a cluster (0: the fewest that fit)
+  std::string inner_state = "sharded";  // --plan: weights, gradients, AdamW split over dp, or whole on each
 };
 
 inline std::vector<std::string> sync_mode_names_vector() {
@@ -272,6 +273,9 @@ inline CLI::Option* define_cluster_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--momentum-at", o.momentum_at,
                  "outer momentum on each replica's step before compression, or on the reduced mean (default: the mode's)")
       ->check(CLI::IsMember({"replica", "mean"}))->group(g);
+  app.add_option("--momentum-storage", o.momentum_storage,
+                 "the outer momentum's storage: bf16 halves it (2 bytes a parameter; measured: docs/RESULTS.md)")
+      ->capture_default_str()->check(CLI::IsMember({"fp32", "bf16"}))->group(g);
   app.add_option("--outer-lr", o.outer_lr, "outer learning rate (default: the mode's)")
       ->check(detail::positive_float)->group(g);
   app.add_option("--outer-momentum", o.outer_momentum, "outer Nesterov momentum (default: the mode's)")
@@ -301,8 +305,10 @@ inline void define_plan_flags(CLI::App& app, TrainOptions& o) {
       ->capture_default_str()->check(detail::positive)->group(p);
   app.add_option("--gpu-memory", o.gpu_memory_gb, "GB of memory per rank")->capture_default_str()
       ->check(detail::positive)->group(p);
-  app.add_option("--shards", o.shards, "ranks sharing one stage inside a cluster (0: the fewest that fit)")
-      ->capture_default_str()->check(CLI::Range(0, 4096))->group(p);
+  app.add_option("--inner-state", o.inner_state,
+                 "the inner model state (weights, gradients, AdamW) of a stage's dp ranks: sharded over them (FSDP / "
+                 "ZeRO-3, as a 100B trainer does) or whole on each (as dilocox-train holds it)")
+      ->capture_default_str()->check(CLI::IsMember({"sharded", "whole"}))->group(p);
 }
 }  // namespace detail
 

@@ -82,6 +82,35 @@ TEST(NesterovOuterOptimizer, RejectsBadConfigAndSizes) {
   EXPECT_THROW(opt.step(a, b), dx::Error);
 }
 
+// bf16 storage: half the bytes, within bf16's rounding of the fp32 buffer's theta after 50
+// steps, and a checkpoint continues bit for bit.
+TEST(NesterovOuterOptimizer, Bf16StorageHalvesTheBufferAndTracksFp32) {
+  const std::size_t n = 1000;
+  dx::NesterovOuterOptimizer full(n, {.momentum = 0.9f}), half(n, {.momentum = 0.9f}, dx::MomentumStorage::bf16);
+  EXPECT_EQ(full.state_bytes(), 4 * n);
+  EXPECT_EQ(half.state_bytes(), 2 * n);
+  std::vector<float> a(n, 1.0f), b(n, 1.0f), d(n);
+  for (int t = 0; t < 50; ++t) {
+    for (std::size_t i = 0; i < n; ++i) d[i] = 0.01f * std::sin(0.37f * static_cast<float>(i * (t + 1)));
+    full.step(a, d);
+    half.step(b, d);
+  }
+  double moved = 0, diff = 0;
+  for (std::size_t i = 0; i < n; ++i) moved += std::fabs(a[i] - 1.0f), diff += std::fabs(a[i] - b[i]);
+  EXPECT_GT(diff, 0.0) << "the bf16 buffer rounds nothing";
+  EXPECT_LT(diff, 0.01 * moved);
+  dx::StateWriter w;
+  half.save_state(w);
+  const auto bytes = w.bytes();
+  dx::NesterovOuterOptimizer again(n, {.momentum = 0.9f}, dx::MomentumStorage::bf16);
+  dx::StateReader r(bytes);
+  again.load_state(r);
+  std::vector<float> c = b;
+  half.step(b, d);
+  again.step(c, d);
+  EXPECT_EQ(b, c);
+}
+
 namespace {
 std::vector<float> geometric(int n, float ratio) {
   std::vector<float> s(n);

@@ -14,8 +14,10 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <array>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -39,6 +41,8 @@ struct Result {
   std::vector<std::vector<float>> phi, theta;  // theta: only the tensors this rank's loop holds
   std::uint64_t wire = 0;  // what one sync of this rank's tensors puts on the wire
   std::uint64_t memory = 0;  // the loop's outer state, counted
+  std::vector<int> h;  // H after each step
+  std::size_t syncs = 0;
 };
 
 // K clusters x D ranks on threads; rank (k, d) runs fn(group comm, peer comm, k, d).
@@ -67,23 +71,38 @@ void run_grid(int K, int D, F&& fn) {
   if (first) std::rethrow_exception(first);
 }
 
-// Steps of K clusters x D ranks with the outer loop sharded over each group; results by
-// (k, d).
-std::vector<std::vector<Result>> train(int K, int D, dx::OuterLoopConfig cfg, int steps) {
+std::vector<dx::TensorSpec> specs_of(std::span<const dx::Shape> shapes) {
+  std::vector<dx::TensorSpec> specs;
+  for (std::size_t i = 0; i < shapes.size(); ++i) specs.push_back({"t" + std::to_string(i), shapes[i]});
+  return specs;
+}
+
+std::vector<dx::Shape> vectors_of(std::span<const std::size_t> sizes) {
+  std::vector<dx::Shape> shapes;
+  for (std::size_t n : sizes) shapes.push_back({n});
+  return shapes;
+}
+
+// Steps of K clusters x D ranks with the outer loop sharded over each group, the loops of
+// a group agreeing on H when `agree`; results by (k, d).
+std::vector<std::vector<Result>> train(int K, int D, dx::OuterLoopConfig cfg, int steps,
+                                       std::span<const dx::Shape> shapes = vectors_of(kSizes),
+                                       std::function<dx::AnyCompressor()> make = [] { return dx::DenseCompressor(); },
+                                       bool agree = true) {
   std::vector<std::vector<Result>> out(static_cast<std::size_t>(K), std::vector<Result>(static_cast<std::size_t>(D)));
   run_grid(K, D, [&](dx::ThreadCommunicator& group, dx::ThreadCommunicator& peers, int k, int d) {
     std::vector<std::vector<float>> t;
-    std::vector<dx::TensorSpec> specs;
-    for (std::size_t i = 0; i < kSizes.size(); ++i) {
-      t.emplace_back(kSizes[i], 0.5f);
-      specs.push_back({"t" + std::to_string(i), {kSizes[i]}});
-    }
+    const auto specs = specs_of(shapes);
+    for (const auto& s : specs) t.emplace_back(s.shape.numel(), 0.5f);
     const auto owner = dx::shard_tensors(specs, D);
     const auto mine = dx::owned_tensors(owner, d);
     std::vector<dx::NamedTensor> params;
     for (std::size_t i : mine) params.push_back({specs[i].name, specs[i].shape, t[i]});
-    dx::OuterLoop loop(peers, params, dx::DenseCompressor(), cfg);
+    dx::OuterLoopConfig c = cfg;
+    if (agree && D > 1) c.group_sum = dx::group_sum(group);
+    dx::OuterLoop loop(peers, params, make(), c);
     std::vector<std::span<float>> all(t.begin(), t.end());
+    Result& r = out[static_cast<std::size_t>(k)][static_cast<std::size_t>(d)];
     auto share = [&] {
       std::vector<std::size_t> wrote;
       for (std::size_t i : loop.rewritten()) wrote.push_back(mine[i]);
@@ -91,12 +110,12 @@ std::vector<std::vector<Result>> train(int K, int D, dx::OuterLoopConfig cfg, in
     };
     for (int s = 0; s < steps; ++s) {
       inner_step(t, k, s);
-      loop.step();
+      r.syncs += loop.step().size();
+      r.h.push_back(loop.local_steps());
       share();
     }
     loop.finish();
     share();
-    Result& r = out[static_cast<std::size_t>(k)][static_cast<std::size_t>(d)];
     r.phi = t;
     for (std::size_t i = 0; i < mine.size(); ++i) r.theta.emplace_back(loop.global(i).begin(), loop.global(i).end());
     std::vector<dx::TensorSpec> own;
@@ -122,6 +141,7 @@ TEST(ShardTensors, BalancedByBytesAndTheSameOnEveryCall) {
   }
   EXPECT_EQ(dx::shard_tensors(specs, 2), (std::vector<int>{1, 1, 0, 1, 1, 1, 0, 1}));  // 5000+900 | 3000+2000+...
   EXPECT_THROW(dx::shard_tensors(specs, 0), dx::Error);
+  EXPECT_THROW(dx::shard_tensors(specs, 9), dx::Error);  // a rank without a tensor
 }
 
 TEST(ShareRewritten, OwnersValuesReachEveryRankAndOthersAreRefused) {
@@ -188,9 +208,32 @@ TEST(ShardedOuterLoop, MatchesTheUnshardedLoopBitForBit) {
   }
 }
 
+// DiLoCoX's adaptive compression sets H from every matrix's rank: through group_sum the
+// shards of a group take one H, step by step, from all the matrices' ranks (so they sync
+// together); alone, each shard would follow its own. Not bit for bit the unsharded run's:
+// the random streams (projector starts, probes, stochastic rounding, the ring's chunks)
+// follow each loop's own layout, so the ranks and H differ by their noise (here 32
+// syncs against 35).
+TEST(ShardedOuterLoop, TheGroupAgreesOnTheAdaptiveH) {
+  const std::vector<dx::Shape> shapes = {{96, 64}, {64, 48}, {128, 32}, {48, 48}, {64, 80}, {200}};
+  auto make = [] { return dx::AnyCompressor(dx::LowRankCompressor()); };
+  const dx::OuterLoopConfig cfg{.local_steps = 6, .overlap = true};
+  const auto one = train(2, 1, cfg, 120, shapes, make), two = train(2, 2, cfg, 120, shapes, make);
+  const auto& h = two[0][0].h;
+  EXPECT_NE(*std::min_element(h.begin(), h.end()), *std::max_element(h.begin(), h.end()))
+      << "H never moved: the test shows nothing";
+  for (int k = 0; k < 2; ++k)
+    for (int d = 0; d < 2; ++d) EXPECT_EQ(two[static_cast<std::size_t>(k)][static_cast<std::size_t>(d)].h, h) << k << ", " << d;
+  const double syncs = static_cast<double>(two[0][0].syncs), syncs1 = static_cast<double>(one[0][0].syncs);
+  EXPECT_NEAR(syncs, syncs1, 0.15 * syncs1);
+  const auto alone = train(2, 2, cfg, 120, shapes, make, false);
+  EXPECT_NE(alone[0][0].h, alone[0][1].h) << "the shards' own ranks agree: the test shows nothing";
+}
+
 // OuterLoop::memory() against what constructing the loop took from the heap (glibc's
-// mallinfo2): the same within 10% (the rest is bookkeeping), and 40 bytes per parameter
-// for DiLoCoX's defaults: theta, anchor, momentum 12, the sync workspace 24, error feedback 4.
+// mallinfo2): the same within 10% (the rest is bookkeeping), and 28 bytes per parameter
+// for DiLoCoX's defaults: theta, anchor, momentum 12, the sync workspace 12 (two slots of
+// pseudo-gradient, one mean), error feedback 4.
 TEST(OuterMemory, CountedBytesMatchTheHeap) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "a sanitizer's allocator: mallinfo2 does not see its blocks";
@@ -217,7 +260,12 @@ TEST(OuterMemory, CountedBytesMatchTheHeap) {
   EXPECT_EQ(m.global, 4 * n);
   EXPECT_EQ(m.anchor, 4 * n);
   EXPECT_EQ(m.momentum, 4 * n);
-  EXPECT_EQ(m.workspace, 24 * n);
+  EXPECT_EQ(m.workspace, 12 * n);
   EXPECT_GE(m.compressor, 4 * n) << m.compressor;  // error feedback, and the projector's warm start
   EXPECT_LT(m.compressor, 6 * n) << m.compressor;
+  std::vector<dx::TensorSpec> specs;
+  for (const auto& p : params) specs.push_back({p.name, p.shape});
+  const auto planned = dx::outer_memory(specs, loop->compressor());
+  EXPECT_EQ(planned.total(), m.total());
+  EXPECT_EQ(planned.workspace, m.workspace);
 }

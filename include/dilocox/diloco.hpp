@@ -32,6 +32,7 @@
 #include "dilocox/compress/compressor.hpp"
 #include "dilocox/compress/lowrank.hpp"
 #include "dilocox/config.hpp"
+#include "dilocox/named_tensor.hpp"
 #include "dilocox/outer.hpp"
 #include "dilocox/overlap.hpp"
 #include "dilocox/state.hpp"
@@ -46,10 +47,20 @@ struct OuterMemory {
   std::uint64_t global = 0;      // theta, the global parameters
   std::uint64_t anchor = 0;      // each pseudo-gradient's origin
   std::uint64_t momentum = 0;    // the outer optimizer's momentum
-  std::uint64_t workspace = 0;   // the syncs' buffers: two slots of pseudo-gradient, its copy, the mean
+  std::uint64_t workspace = 0;   // the syncs' buffers: two pseudo-gradient slots and the mean (12 bytes a parameter)
   std::uint64_t compressor = 0;  // the compressor's state (error feedback, projector)
   std::uint64_t total() const { return global + anchor + momentum + workspace + compressor; }
 };
+
+// What an OuterLoop over tensors `specs` with `compressor` will hold, before building it
+// (planning: what OuterLoop::memory() then counts from its buffers).
+inline OuterMemory outer_memory(std::span<const TensorSpec> specs, const AnyCompressor& compressor,
+                                MomentumStorage momentum = MomentumStorage::fp32) {
+  std::uint64_t n = 0;
+  for (const auto& s : specs) n += s.shape.numel();
+  return {.global = 4 * n, .anchor = 4 * n, .momentum = (momentum == MomentumStorage::bf16 ? 2 : 4) * n,
+          .workspace = 12 * n, .compressor = compressor.state_bytes(specs).value_or(0)};
+}
 
 inline const char* to_string(Rebase r) {
   return r == Rebase::keep ? "keep" : r == Rebase::overwrite ? "overwrite" : r == Rebase::blend ? "blend" : "mix";
@@ -79,6 +90,9 @@ struct OuterLoopConfig {
   float blend = 0.5f;         // the share kept, for Rebase::blend; alpha for Rebase::mix
   MomentumAt momentum_at = MomentumAt::replica;  // the form that converged at momentum 0.9 with compressed syncs
   std::optional<NesterovConfig> outer{};  // unset: the compressor's outer_step(), else NesterovConfig{}
+  // The outer momentum's storage: bf16 halves it (2 bytes a parameter); its loss effect on
+  // the convergence suite is in docs/RESULTS.md. fp32 by default.
+  MomentumStorage momentum_storage = MomentumStorage::fp32;
   double step_seconds = 0;    // modelled seconds of one inner step, for the overlap floor of H; 0: no floor
   std::optional<LinkConfig> link{};  // the link that floor uses; unset: the communicator's link(), if any
   std::uint64_t seed = 0;     // folded into the fingerprint replicas compare (same on every replica)
@@ -87,45 +101,12 @@ struct OuterLoopConfig {
   // defer the check to the first sync, which load_state() then waives.
   bool defer_start_check = false;
   std::function<void(const std::string&)> log{};  // events (dropped replicas); none by default
+  // A loop over one shard of a data-parallel group (dilocox/shard.hpp): the sum over the
+  // group of a few numbers, the same bits on every rank (shard.hpp's group_sum()). Called
+  // at the end of each round on every rank of the group, so that the group agrees on H:
+  // the compressor's hints and the modelled link seconds of every shard. Unset: alone.
+  std::function<void(std::span<double>)> group_sum{};
 };
-
-struct NamedTensor {
-  std::string name;
-  Shape shape;
-  std::span<float> data;  // phi: the trainer's live parameters, host, shape.numel() floats
-};
-
-// A NamedTensor from anything the Tensor concept accepts (std::vector + shape through
-// TensorView, std::span, Eigen matrices and maps of either storage order): the shape
-// comes from the type (a column-major (r, c) Eigen matrix is the tensor (c, r), its
-// memory order), never from the caller. Strided views do not compile.
-template <Tensor T>
-  requires std::same_as<element_type_t<T>, float> && std::same_as<memory_space_t<T>, host_space>
-NamedTensor named(std::string name, T& tensor) {
-  return {std::move(name), tensor_shape(tensor), as_span(tensor)};
-}
-// A raw buffer with its shape (e.g. a std::vector<float> holding a (rows, cols) matrix).
-inline NamedTensor named(std::string name, TensorView<float> view) {
-  return {std::move(name), view.shape, {view.data, view.shape.numel()}};
-}
-// A temporary (an m.block(...), an expression, a Map made in the call): one short error.
-template <class T>
-  requires(!std::is_lvalue_reference_v<T>)
-NamedTensor named(std::string, T&&) {
-  static_assert(sizeof(T) == 0,
-                "dilocox::named: pass the parameter tensor itself, a named object (an lvalue): the loop keeps a "
-                "view of its memory, which a temporary's may not outlive (a raw buffer: dilocox::TensorView)");
-  return {};
-}
-// Anything else: one short error instead of a page of template diagnostics.
-template <class T>
-NamedTensor named(std::string, T&) {
-  static_assert(Tensor<T>,
-                "dilocox::named: this type is not a dilocox::Tensor (contiguous host floats): a strided view, block "
-                "or expression is not; pass a contiguous copy, or specialize dilocox::tensor_traits for your type");
-  static_assert(!Tensor<T>, "dilocox::named: a dilocox::Tensor of float in host memory is needed");
-  return {};
-}
 
 struct DroppedReplica {
   int replica;
@@ -168,7 +149,7 @@ class OuterLoop {
     for (const auto& p : params_) {
       theta_.emplace_back(p.data.begin(), p.data.end());
       anchor_.emplace_back(p.data.begin(), p.data.end());
-      outer_.emplace_back(p.data.size(), outer_config_);
+      outer_.emplace_back(p.data.size(), outer_config_, config_.momentum_storage);
     }
     make_fragments();
     local_steps_ = config_.local_steps;
@@ -200,13 +181,14 @@ class OuterLoop {
     for (std::size_t t = 0; t < params_.size(); ++t) {
       m.global += 4 * theta_[t].capacity();
       m.anchor += 4 * anchor_[t].capacity();
-      m.momentum += 4 * outer_[t].momentum_buffer().size();
+      m.momentum += outer_[t].state_bytes();
       specs.push_back({params_[t].name, params_[t].shape});
     }
-    for (const auto& f : fragments_)
+    for (const auto& f : fragments_) {
+      for (const auto& b : f.mean) m.workspace += 4 * b.capacity();
       for (const auto& slot : f.slots)
-        for (const auto* v : {&slot.delta, &slot.x, &slot.mean})
-          for (const auto& b : *v) m.workspace += 4 * b.capacity();
+        for (const auto& b : slot.x) m.workspace += 4 * b.capacity();
+    }
     m.compressor = compressor_.state_bytes(specs).value_or(0);
     return m;
   }
@@ -301,7 +283,7 @@ class OuterLoop {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       w.values(std::span<const float>(theta_[i]));
       w.values(std::span<const float>(anchor_[i]));
-      w.values(std::as_const(outer_[i]).momentum_buffer());
+      outer_[i].save_state(w);
     }
     compressor_.save_state(w);
     std::size_t done = 0;
@@ -313,7 +295,7 @@ class OuterLoop {
     }
     for (int i = 0; i < fragments(); ++i) {  // the completed reductions, oldest first
       const Fragment& fr = fragments_[static_cast<std::size_t>((next_fragment_ + i) % fragments())];
-      if (fr.pending) save_slot(w, fr.slots[(fr.syncs - 1) % 2], completed_[done++].ran_seconds);
+      if (fr.pending) save_slot(w, fr, fr.slots[(fr.syncs - 1) % 2], completed_[done++].ran_seconds);
     }
     return w.bytes();
   }
@@ -337,7 +319,7 @@ class OuterLoop {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       r.values(std::span<float>(theta_[i]));
       r.values(std::span<float>(anchor_[i]));
-      r.values(outer_[i].momentum_buffer());
+      outer_[i].load_state(r);
     }
     compressor_.load_state(r);
     for (auto& fr : fragments_) {
@@ -351,7 +333,7 @@ class OuterLoop {
       if (!fr.pending) continue;
       detail::require(fr.syncs > 0, "OuterLoop::load_state", "a pending reduction before the first sync");
       ReductionTiming t;
-      t.ran_seconds = load_slot(r, fr.slots[(fr.syncs - 1) % 2]);
+      t.ran_seconds = load_slot(r, fr, fr.slots[(fr.syncs - 1) % 2]);
       completed_.push_back(t);
     }
     detail::require(r.done(), "OuterLoop::load_state", "trailing bytes in the state");
@@ -360,10 +342,12 @@ class OuterLoop {
  private:
   static constexpr std::uint64_t state_tag = 0x3230524554554f44ULL;  // "DOUTER02"
 
-  struct Slot {  // one sync's buffers, owned by its background reduction until applied
-    std::vector<std::vector<float>> delta;  // (fragment tensors) pseudo-gradient or momentum step, read by the trainer's thread
-    std::vector<std::vector<float>> x;      // (fragment tensors) its copy, compressed by the reduction
-    std::vector<std::vector<float>> mean;   // (fragment tensors) the reduced mean
+  // One sync's buffers, the reduction's from its launch until applied. x: the
+  // pseudo-gradient (or momentum step), which the rebase reads before the launch; the
+  // compressor then leaves in it what this replica still owes. Two per fragment: the
+  // rebase after a one-step-delayed sync reads the previous sync's debt and this one's step.
+  struct Slot {
+    std::vector<std::vector<float>> x;      // (fragment tensors)
     int self_bad = -1;                      // first non-finite tensor (global index) of this replica
     std::uint64_t sync = 0, round = 0;
     int steps = 0;
@@ -374,6 +358,9 @@ class OuterLoop {
     std::vector<std::size_t> tensors;
     std::size_t elements = 0;
     Slot slots[2];
+    // (fragment tensors) the reduced mean of the sync in flight: one is enough, since a
+    // fragment's reduction is applied before its next one is launched
+    std::vector<std::vector<float>> mean;
     int steps = 0;            // inner steps since its last sync
     std::uint64_t syncs = 0;  // syncs started
     bool pending = false;     // a started reduction not yet applied
@@ -426,11 +413,11 @@ class OuterLoop {
       acc += params_[i].data.size();
     }
     for (auto& fr : fragments_)
-      for (auto& slot : fr.slots)
-        for (std::size_t t : fr.tensors) {
-          const std::size_t n = params_[t].data.size();
-          slot.delta.emplace_back(n, 0.0f), slot.x.emplace_back(n, 0.0f), slot.mean.emplace_back(n, 0.0f);
-        }
+      for (std::size_t t : fr.tensors) {
+        const std::size_t n = params_[t].data.size();
+        fr.mean.emplace_back(n, 0.0f);
+        for (auto& slot : fr.slots) slot.x.emplace_back(n, 0.0f);
+      }
   }
 
   // Fragment f syncs once the round has run this many steps.
@@ -469,10 +456,12 @@ class OuterLoop {
     std::optional<SyncStats> applied;
     if (config_.overlap && had_pending) applied = apply(f);  // the previous sync of f, one round late
     const Slot* previous = had_pending ? &fr.slots[(fr.syncs - 1) % 2] : nullptr;
-    Slot& slot = start(f);
+    Slot& slot = prepare(f);
     if (config_.overlap) {  // theta lacks this sync and what the previous one left owed
-      rebase(fr, &slot, config_.overlap && had_pending ? previous : nullptr);
+      rebase(fr, &slot, had_pending ? previous : nullptr);
+      launch(fr, slot);
     } else {                // theta lacks what this sync left owed
+      launch(fr, slot);
       applied = apply(f);
       rebase(fr, nullptr, &slot);
     }
@@ -480,34 +469,38 @@ class OuterLoop {
     if (applied) out.push_back(std::move(*applied));
   }
 
-  // delta = anchor - phi for fragment f (with momentum at the replica: its momentum
-  // step), then its reduction in the background.
+  // Fragment f's next sync, started: prepare() then launch().
   Slot& start(int f) {
+    Slot& slot = prepare(f);
+    launch(fragments_[static_cast<std::size_t>(f)], slot);
+    return slot;
+  }
+  // x = anchor - phi for fragment f (with momentum at the replica: its momentum step).
+  Slot& prepare(int f) {
     check_start();
     Fragment& fr = fragments_[static_cast<std::size_t>(f)];
     Slot& slot = fr.slots[fr.syncs % 2];
     slot.self_bad = -1;
     for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
       const std::size_t t = fr.tensors[j];
-      auto& d = slot.delta[j];
+      auto& d = slot.x[j];
       const auto phi = params_[t].data;
       for (std::size_t i = 0; i < d.size(); ++i) d[i] = anchor_[t][i] - phi[i];
       if (slot.self_bad < 0 && !all_finite(d)) slot.self_bad = static_cast<int>(t);
-      std::copy(d.begin(), d.end(), slot.x[j].begin());
     }
     if (config_.momentum_at == MomentumAt::replica && slot.self_bad < 0)
-      for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
-        outer_[fr.tensors[j]].momentum_direction(slot.x[j]);
-        std::copy(slot.x[j].begin(), slot.x[j].end(), slot.delta[j].begin());
-      }
+      for (std::size_t j = 0; j < fr.tensors.size(); ++j) outer_[fr.tensors[j]].momentum_direction(slot.x[j]);
     slot.sync = next_sync_++;
     slot.round = round_;
     slot.steps = fr.steps;
     fr.steps = 0;
     ++fr.syncs;
     fr.pending = true;
-    background_.start([this, &fr, &slot] { run_reduction(fr, slot); });
     return slot;
+  }
+  // The prepared sync's reduction, in the background: slot.x and fr.mean are its until applied.
+  void launch(Fragment& fr, Slot& slot) {
+    background_.start([this, &fr, &slot] { run_reduction(fr, slot); });
   }
 
   static bool all_finite(std::span<const float> v) {
@@ -540,7 +533,7 @@ class OuterLoop {
     if (bad >= 0)  // this replica sends zeros and is left out of the mean
       for (auto& d : slot.x) std::fill(d.begin(), d.end(), 0.0f);
     std::vector<std::span<float>> x, out;
-    for (std::size_t j = 0; j < fr.tensors.size(); ++j) x.emplace_back(slot.x[j]), out.emplace_back(slot.mean[j]);
+    for (std::size_t j = 0; j < fr.tensors.size(); ++j) x.emplace_back(slot.x[j]), out.emplace_back(fr.mean[j]);
     slot.report = compressor_.sync(any_, {fr.tensors, contributes, slot.sync}, x, out);
     slot.report.cost += ring_allgather_cost(sizeof(std::int32_t), k);
   }
@@ -560,8 +553,8 @@ class OuterLoop {
     if (slot.report.contributors > 0)
       for (std::size_t j = 0; j < fr.tensors.size(); ++j) {
         auto& outer = outer_[fr.tensors[j]];
-        if (config_.momentum_at == MomentumAt::replica) outer.descend(theta_[fr.tensors[j]], slot.mean[j]);
-        else outer.step(theta_[fr.tensors[j]], slot.mean[j]);
+        if (config_.momentum_at == MomentumAt::replica) outer.descend(theta_[fr.tensors[j]], fr.mean[j]);
+        else outer.step(theta_[fr.tensors[j]], fr.mean[j]);
       }
     fr.self_dropped = slot.self_bad >= 0;
     return stats_of(fr, f, slot, timing);
@@ -601,6 +594,11 @@ class OuterLoop {
 
   // The next round: H from agreed quantities only (DESIGN.md 2.6).
   void new_round() {
+    if (config_.group_sum) {
+      double v[3] = {hint_sum_, hint_weight_, round_comm_seconds_};
+      config_.group_sum(v);
+      hint_sum_ = v[0], hint_weight_ = v[1], round_comm_seconds_ = v[2];
+    }
     int h = config_.local_steps;
     if (hint_weight_ > 0) h = static_cast<int>(std::lround(config_.local_steps * hint_sum_ / hint_weight_));
     int lo = config_.min_local_steps;
@@ -639,7 +637,7 @@ class OuterLoop {
       std::copy(th.begin(), th.end(), phi.begin());
       if (reset) continue;
       if (current)
-        for (std::size_t i = 0; i < phi.size(); ++i) phi[i] -= a * current->delta[j][i];
+        for (std::size_t i = 0; i < phi.size(); ++i) phi[i] -= a * current->x[j][i];
       if (owed)
         for (std::size_t i = 0; i < phi.size(); ++i) phi[i] -= a * owed->x[j][i];
     }
@@ -655,7 +653,7 @@ class OuterLoop {
     }
   }
 
-  void save_slot(StateWriter& w, const Slot& s, double ran_seconds) const {
+  void save_slot(StateWriter& w, const Fragment& fr, const Slot& s, double ran_seconds) const {
     w.value(s.sync), w.value(s.round);
     w.value<std::int32_t>(s.steps), w.value<std::int32_t>(s.self_bad);
     w.value(ran_seconds);
@@ -668,10 +666,10 @@ class OuterLoop {
       w.value<std::int32_t>(d.replica);
       w.values(std::span<const char>(d.tensor.data(), d.tensor.size()));
     }
-    for (const auto& m : s.mean) w.values(std::span<const float>(m));
+    for (const auto& m : fr.mean) w.values(std::span<const float>(m));
     for (const auto& x : s.x) w.values(std::span<const float>(x));  // what the sync left owed
   }
-  double load_slot(StateReader& r, Slot& s) {
+  double load_slot(StateReader& r, Fragment& fr, Slot& s) {
     s.sync = r.value<std::uint64_t>(), s.round = r.value<std::uint64_t>();
     s.steps = r.value<std::int32_t>(), s.self_bad = r.value<std::int32_t>();
     const double ran = r.value<double>();
@@ -687,7 +685,7 @@ class OuterLoop {
       const auto name = r.vector<char>();
       d.tensor.assign(name.begin(), name.end());
     }
-    for (auto& m : s.mean) r.values(std::span<float>(m));
+    for (auto& m : fr.mean) r.values(std::span<float>(m));
     for (auto& x : s.x) r.values(std::span<float>(x));
     return ran;
   }
@@ -708,7 +706,8 @@ class OuterLoop {
                             "|" + to_string(config_.rebase) + std::to_string(config_.blend) + "|momentum at " +
                             to_string(config_.momentum_at) + "|outer" +
                             std::to_string(outer_config_.lr) + "," + std::to_string(outer_config_.momentum) + "," +
-                            std::to_string(outer_config_.nesterov) + "|seed" + std::to_string(config_.seed);
+                            std::to_string(outer_config_.nesterov) + "," + to_string(config_.momentum_storage) +
+                            "|seed" + std::to_string(config_.seed);
     std::vector<std::uint64_t> mine = {t, hash_of(cfg)};
     std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(k));
     comm_->allgather(std::as_bytes(std::span(mine)), std::as_writable_bytes(std::span(all)));

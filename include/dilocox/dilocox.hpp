@@ -24,6 +24,7 @@
 #include "dilocox/error_feedback.hpp"
 #include "dilocox/half.hpp"
 #include "dilocox/lowrank.hpp"
+#include "dilocox/named_tensor.hpp"
 #include "dilocox/outer.hpp"
 #include "dilocox/overlap.hpp"
 #include "dilocox/quantize.hpp"

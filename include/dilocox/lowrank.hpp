@@ -457,7 +457,7 @@ class PowerIterationProjector {
     coef_.setZero(r);
     qt_.setZero(r, n);
     wt_.setZero(r, n);
-    packed_.setZero(static_cast<Eigen::Index>(sweep_block_rows() * cols_));
+    packed_.setZero(r >= static_cast<int>(detail::pack_rank) ? static_cast<Eigen::Index>(sweep_block_rows() * cols_) : 0);
     r_.setZero(r, r);
     rinv_.setZero(r, r);
     rinv_f_.setZero(r, r);
@@ -556,7 +556,7 @@ class PowerIterationProjector {
   Eigen::MatrixXf rinv_f_;          // (r, r) R^-1 in float, for Q = W R^-1
   RowMatrix qt_;                    // (r, cols) row-major: Q^T, read by the sweep and approximate()
   RowMatrix wt_;                    // (r, cols) row-major: W^T = P^T X, summed by the sweep
-  Eigen::VectorXf packed_;          // (block rows * cols): a block of X, copied by the sweep from pack_rank on
+  Eigen::VectorXf packed_;          // (block rows * cols) from pack_rank on, else empty: a block of X the sweep copies
   mutable Eigen::MatrixXf gram_f_;  // (r, r) Q^T Q
   mutable Eigen::MatrixXd gram_;    // (r, r) Q^T Q in double
   mutable std::optional<Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd>> eigen_;  // workspace for (r, r)

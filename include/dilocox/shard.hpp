@@ -3,11 +3,14 @@
 // each tensor one owner, balanced by bytes, whole tensors only (low rank needs whole
 // matrices). Each rank runs an OuterLoop over the tensors it owns, with its peers (the
 // same shard) in the other clusters, so a tensor crosses the slow link once per cluster,
-// not D times, and each rank holds about 1/D of the outer state. After every step,
+// not D times, and each rank holds about 1/D of the outer state. The loops of a group
+// agree on H through group_sum(), so they sync at the same steps and, with an adaptive
+// compressor, as often as one loop over all the tensors would. After every step,
 // share_rewritten() hands the tensors a rank's loop rewrote to the other D - 1 ranks.
 //
 //   const auto owner = shard_tensors(specs, group.size());
 //   const auto mine = owned_tensors(owner, group.rank());   // params[mine[i]] is the loop's tensor i
+//   config.group_sum = group_sum(group);
 //   OuterLoop loop(peers, {params[mine[0]], params[mine[1]], ...}, compressor, config);
 //   each inner step: gradients averaged over the group, the inner optimizer, then
 //     loop.step();
@@ -25,6 +28,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <functional>
 #include <numeric>
 #include <span>
 #include <string>
@@ -34,9 +39,13 @@ namespace dilocox {
 
 // The owner (0 .. parts - 1) of each tensor: largest first, each to the part holding the
 // fewest bytes so far (ties: the lower part, then the earlier tensor), so every rank
-// that calls it with the same tensors gets the same answer.
+// that calls it with the same tensors gets the same answer. Every part gets at least one
+// tensor (each rank's loop takes part in the group's agreement on H).
 inline std::vector<int> shard_tensors(std::span<const TensorSpec> specs, int parts) {
   detail::require(parts >= 1, "shard_tensors", "parts must be >= 1, got " + std::to_string(parts));
+  detail::require(specs.size() >= static_cast<std::size_t>(parts), "shard_tensors",
+                  std::to_string(specs.size()) + " tensors cannot be split over " + std::to_string(parts) +
+                      " ranks: each needs at least one");
   std::vector<std::size_t> order(specs.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(),
@@ -57,6 +66,25 @@ inline std::vector<std::size_t> owned_tensors(std::span<const int> owner, int ra
   for (std::size_t t = 0; t < owner.size(); ++t)
     if (owner[t] == rank) out.push_back(t);
   return out;
+}
+
+// OuterLoopConfig::group_sum for the loops of `group`: each rank's numbers are
+// all-gathered and added in rank order, so every rank gets the same bits. `group` must
+// outlive the loop.
+template <Communicator C>
+std::function<void(std::span<double>)> group_sum(C& group) {
+  return [&group](std::span<double> v) {
+    const auto n = static_cast<std::size_t>(group.size());
+    std::vector<std::byte> all(v.size_bytes() * n);
+    group.allgather(std::as_bytes(v), all);
+    std::fill(v.begin(), v.end(), 0.0);
+    for (std::size_t q = 0; q < n; ++q)
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        double x;
+        std::memcpy(&x, all.data() + (q * v.size() + i) * sizeof(double), sizeof(double));
+        v[i] += x;
+      }
+  };
 }
 
 // Every rank of `group` calls it after each step, in the same order: `mine` lists the

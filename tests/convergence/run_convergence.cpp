@@ -4,13 +4,13 @@
 // momentum 0.9 and at the library defaults, Adam and SGD inner, overlap on and off; checks
 // that every run ends within a stated factor of AllReduce's validation loss and never
 // diverges (or that the library warned about the setting).
-//   run_convergence --suite [--quick]        the whole grid: a table, exit 1 on a miss
+//   run_convergence --suite [--quick] [--momentum-bf16 1]   the whole grid: a table, exit 1 on a miss
 //   run_convergence --task T --method M ...  one run, one JSON line (studies)
 // One-run flags: --task, --method (allreduce or a --sync mode of the trainer: diloco,
 // cocktail, sparseloco, dilocox, with its schedule), --inner (adam|sgd), --overlap 0|1,
 // --overlap-steps T, --replicas K, --steps N, --local-steps H, --fragments F,
 // --seed S, --lr X, and knobs over the defaults: --outer-lr, --outer-momentum,
-// --nesterov 0|1, --momentum-at replica|mean, --rebase keep|overwrite|blend|mix, --blend A,
+// --nesterov 0|1, --momentum-at replica|mean, --momentum-bf16 0|1, --rebase keep|overwrite|blend|mix, --blend A,
 // --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1 (sparseloco: keep_residual),
 // --average-chosen 0|1 (sparseloco).
 #include "tasks.hpp"
@@ -93,6 +93,7 @@ struct Run {
   std::optional<int> rank, max_rank, bits;
   std::optional<std::string> rebase, momentum_at;  // unset: the mode's
   std::optional<int> overlap_steps;                // unset: the mode's
+  bool momentum_bf16 = false;                      // the outer momentum stored in bf16
 };
 
 struct Result {
@@ -174,6 +175,7 @@ Result run(const Run& r) {
                                                          : dx::Rebase::keep;
       if (r.momentum_at) so.momentum_at = *r.momentum_at == "mean" ? dx::MomentumAt::mean : dx::MomentumAt::replica;
       so.outer_lr = r.outer_lr, so.outer_momentum = r.outer_momentum;
+      if (r.momentum_bf16) so.momentum_storage = dx::MomentumStorage::bf16;
       dx::OuterLoopConfig cfg = dx::trainer::outer_loop_config(dx::trainer::sync_mode(r.method), so, make_compressor(r));
       if (r.blend) cfg.blend = *r.blend;
       if (r.nesterov) {
@@ -264,6 +266,7 @@ bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
     else if (a == "--rebase") r.rebase = v;
     else if (a == "--blend") r.blend = std::stof(v);
     else if (a == "--momentum-at") r.momentum_at = v;
+    else if (a == "--momentum-bf16") r.momentum_bf16 = v == "1";
     else return false;
   }
   return true;
@@ -319,7 +322,7 @@ std::string column_name(const Column& c) {
          (c.overlap ? ", overlap" : ", no overlap");
 }
 
-int run_suite(bool quick, double factor, const std::string& only) {
+int run_suite(bool quick, double factor, const std::string& only, bool momentum_bf16) {
   const auto columns = suite_columns();
   std::printf("| task | inner | AllReduce |");
   for (const auto& c : columns) std::printf(" %s |", column_name(c).c_str());
@@ -335,6 +338,7 @@ int run_suite(bool quick, double factor, const std::string& only) {
       base.task = task, base.inner = inner, base.method = "allreduce";
       base.steps = quick ? setting.steps / 4 : setting.steps;
       base.replicas = setting.replicas;
+      base.momentum_bf16 = momentum_bf16;
       const Result b = run(base);
       std::fprintf(stderr, "%s\n", json(base, b).c_str());
       std::printf("| %s (K=%d, %d steps) | %s | %.4g |", task.c_str(), base.replicas, base.steps, inner, b.final_loss);
@@ -387,5 +391,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "run_convergence: %s\n", e.what());
     return 2;
   }
-  return run_suite(quick, 2.0, task_given ? one.task : std::string());
+  return run_suite(quick, 2.0, task_given ? one.task : std::string(), one.momentum_bf16);
 }

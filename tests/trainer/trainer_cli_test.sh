@@ -120,8 +120,8 @@ pipeline)
     fail "--threads 2 eval loss differs"
   echo "ok: --threads 2 equals --threads 1 bit for bit"
   ;;
-plan)  # the paper's arithmetic and the 107B layout, pinned
-  "$train" --plan --params 100e9 --clusters 3 --stages 1 --shards 1 --sync allreduce --wan-bandwidth 1Gbps >p.txt
+plan)  # the paper's arithmetic, and the 107B layouts with the outer state sharded over dp or whole on each rank
+  "$train" --plan --params 100e9 --clusters 3 --stages 1 --sync allreduce --wan-bandwidth 1Gbps >p.txt
   grep -q "533.3 GB" p.txt || fail "100B fp32 ring allreduce over 3 clusters is not 533.3 GB per rank: $(cat p.txt)"
   grep -q "1.185 h" p.txt || fail "... nor 1.185 h at 1 Gbit/s: $(grep allreduce p.txt)"
   tail -1 p.txt | grep -q '"wire_bytes_per_round":533333333333' || fail "JSON bytes: $(tail -1 p.txt)"
@@ -129,16 +129,37 @@ plan)  # the paper's arithmetic and the 107B layout, pinned
   # low rank applies: about 0.1 GB per round, not the 200 GB of int8 over one flat vector.
   lowrank=$(tail -1 p.txt | grep -o '"sync":"dilocox"[^}]*' | grep -o '"wire_bytes_per_round":[0-9.e+]*' | cut -d: -f2)
   awk -v b="$lowrank" 'BEGIN { exit !(b > 0 && b < 1e9) }' || fail "100e9 DiLoCoX plans $lowrank bytes per round"
-  "$train" --plan --model qwen1.5-107b --clusters 2 --stages 8 --batch 16 --micro-batches 16 --seq-len 2048 \
-    --rank-flops 150e12 --gpu-memory 80 >q.txt
-  tail -1 q.txt | grep -q '"fits":true' || fail "107B does not fit: $(cat q.txt)"
-  mem=$(tail -1 q.txt | grep -o '"memory_per_rank":[0-9.e+]*' | cut -d: -f2)
+  q=("$train" --plan --model qwen1.5-107b --clusters 2 --stages 8 --batch 16 --micro-batches 16 --seq-len 2048
+     --rank-flops 150e12 --gpu-memory 80)
+  "${q[@]}" --dp 1 >q1.txt
+  layout() { tail -1 "$1" | grep -o "{\"at_stages\":$2,[^}]*\"outer\":\"$3\"[^}]*}"; }
+  at8=$(layout q1.txt 8 sharded)
+  dp=$(grep -o '"dp":[0-9]*' <<<"$at8" | cut -d: -f2)
+  [[ $at8 == *'"found":true'* && $dp -gt 1 ]] || fail "107B at 8 stages: no sharded layout: $at8"
+  [[ $(layout q1.txt 8 whole) == *'"found":false'* ]] || fail "107B at 8 stages fits with whole outer state: $(layout q1.txt 8 whole)"
+  sharded=$(layout q1.txt 0 sharded | grep -o '"ranks_per_cluster":[0-9]*' | cut -d: -f2)
+  whole=$(layout q1.txt 0 whole | grep -o '"ranks_per_cluster":[0-9]*' | cut -d: -f2)
+  [[ $sharded -gt 0 && $whole -gt $((4 * sharded)) ]] || fail "107B: $sharded ranks sharded, $whole whole"
+  # The layout it names fits, and its outer state is counted by component: 28 bytes a
+  # parameter (theta, anchor, momentum 4 each, the sync workspace 12, error feedback 4).
+  "${q[@]}" --dp "$dp" >q.txt
+  tail -1 q.txt | grep -q '"fits":true' || fail "107B at 8 x $dp does not fit: $(cat q.txt)"
+  mem=$(tail -1 q.txt | grep -o '"memory_per_rank":[0-9.e+]*' | head -1 | cut -d: -f2)
   awk -v m="$mem" 'BEGIN { exit !(m <= 80e9) }' || fail "107B: $mem bytes per rank"
+  per=$(tail -1 q.txt | grep -o '"outer_bytes_per_parameter":[0-9.e+]*' | cut -d: -f2)
+  awk -v b="$per" 'BEGIN { exit !(b > 27.5 && b < 29) }' || fail "107B: $per outer bytes per parameter"
+  for part in global anchor momentum workspace compressor; do
+    tail -1 q.txt | grep -q "\"$part\":[1-9]" || fail "107B: no $part in the outer state: $(tail -1 q.txt)"
+  done
   params=$(tail -1 q.txt | grep -o '"params":[0-9]*' | cut -d: -f2)
   [[ $params -gt 105000000000 && $params -lt 112000000000 ]] || fail "107B preset has $params parameters"
-  echo "ok: 100e9 x 3 clusters at 1 Gbit/s: 533.3 GB and 1.185 h per sync; $(head -1 q.txt)"
+  # More dp ranks than a stage has tensors: the outer loop shards whole tensors.
+  if "$train" --plan --model tiny --clusters 2 --dp 64 >x.txt 2>x.err; then fail "--plan --dp 64 on tiny passed"; fi
+  grep -q "cannot be split over 64 ranks" x.err || fail "--dp 64: $(cat x.err)"
+  echo "ok: 100e9 x 3 clusters at 1 Gbit/s: 533.3 GB and 1.185 h per sync; 107B fits 8 x $dp per cluster sharded" \
+       "($sharded ranks at any stages, $whole with the outer state whole); $(head -1 q.txt)"
   ;;
-clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 streaming fragments):
+clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 streaming fragments, and with bf16 momentum):
            # loss falls, replicas identical, resume mid-round bit for bit, NaN replica dropped
   [[ -n $mpiexec ]] || fail "clusters needs MPIEXEC"
   mpi=("$mpiexec" -n 4 --oversubscribe --allow-run-as-root)
@@ -146,7 +167,7 @@ clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 
   # No `| head` under pipefail: a reader that stops early can SIGPIPE a writer with more
   # than one buffer to send, and `x=$(...)` then ends the script without a word.
   field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
-  for run in allreduce diloco cocktail sparseloco dilocox dilocox:--fragments:2; do
+  for run in allreduce diloco cocktail sparseloco dilocox dilocox:--fragments:2 dilocox:--momentum-storage:bf16; do
     mode=${run%%:*}
     extra=()
     [[ $run == *:* ]] && IFS=: read -r -a extra <<<"${run#*:}"
@@ -159,6 +180,10 @@ clusters)  # K = 2 clusters x S = 2 stages, every sync mode (and DiLoCoX with 2 
     awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
     syncs=$(field syncs $mode.txt)
     [[ $mode == allreduce || $syncs -ge 3 ]] || fail "$mode: only $syncs syncs"
+    if [[ $run == *bf16 ]]; then  # the momentum counted at 2 bytes a parameter: half of theta's
+      [[ $(( $(field global $mode.txt) )) -eq $(( 2 * $(field momentum $mode.txt) )) ]] ||
+        fail "$mode: momentum $(field momentum $mode.txt) bytes for theta's $(field global $mode.txt)"
+    fi
     # Resume mid-round: stop after 8 steps (H 3: inside the third round), continue; same losses bit for bit.
     "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --stop-after 8 >/dev/null
     "${mpi[@]}" "$train" "${flags[@]}" "${mode_flags[@]}" --metrics r_$mode.jsonl --checkpoint-dir ck_$mode --resume >r_$mode.txt
@@ -184,8 +209,9 @@ dp)  # K = 2 clusters x D = 2 data-parallel pipelines x S = 2 stages (mpirun -np
      # loss falls, replicas and the D copies identical (also mid-round), resume bit for bit; against
      # D = 1 at the same global batch: the same loss and WAN bytes (a payload header more per shard)
      # and half the outer state per rank (counted)
-     # where the mode's choices do not depend on which tensors a rank holds; CocktailSGD's random
-     # sample and DiLoCoX's adaptive rank are drawn per shard, so theirs only come close
+     # where the mode's choices do not depend on which tensors a rank holds; CocktailSGD takes its
+     # top-k per shard (the same random subset: a payload header and a rounding more per shard), and
+     # DiLoCoX's random streams follow each shard's layout, so its ranks and H move within their noise
   [[ -n $mpiexec ]] || fail "dp needs MPIEXEC"
   field() { grep -m1 -o "\"$1\":[^,}]*" "$2" | sed -n '1s/^[^:]*://p'; }
   flags=("${common[@]}" --clusters 2 --stages 2 --micro-batches 1 --tokens 6144 --local-steps 3 --lr 3e-3)
@@ -201,7 +227,7 @@ dp)  # K = 2 clusters x D = 2 data-parallel pipelines x S = 2 stages (mpirun -np
     final=$(field final_eval_loss $mode.txt) one=$(field final_eval_loss one_$mode.txt)
     awk -v a="$first" -v b="$final" 'BEGIN { exit !(b < a - 0.3) }' || fail "$mode: loss did not fall ($first -> $final)"
     wire=$(field wire_bytes $mode.txt) wire1=$(field wire_bytes one_$mode.txt)
-    case $mode in cocktail|dilocox) loss_tol=0.01 wire_tol=0.1 ;; *) loss_tol=1e-6 wire_tol=0.01 ;; esac
+    case $mode in cocktail) loss_tol=0.01 wire_tol=0.03 ;; dilocox) loss_tol=0.01 wire_tol=0.1 ;; *) loss_tol=1e-6 wire_tol=0.01 ;; esac
     awk -v a="$final" -v b="$one" -v t=$loss_tol 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t * b) }' ||
       fail "$mode: D = 2 ends at $final, D = 1 at $one (tolerance $loss_tol)"
     awk -v a="$wire" -v b="$wire1" -v t=$wire_tol 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= t * b) }' ||

@@ -1,6 +1,9 @@
 // dilocox/compress/cocktail.hpp: CocktailCompressor (CocktailSGD, Wang et al. 2023):
-// a random subset of the entries (the same on every replica, new each sync), the top-k
-// of it by magnitude, values quantized, with error feedback. Each replica's sparse
+// a random subset of the entries (the same on every replica, new each sync, drawn per
+// tensor from its name and index, so a tensor's subset does not depend on which other
+// tensors share the sync: a fragment or a data-parallel shard draws what one loop over
+// all the tensors draws), the top-k of it by magnitude, values quantized, with error
+// feedback. Each replica's sparse
 // payload is all-gathered and added in rank order (the supports differ per replica).
 // Not here: chunked top-k without the random subset (sparse.hpp).
 #pragma once
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "dilocox/checksum.hpp"
 #include "dilocox/codec.hpp"
 #include "dilocox/compress/compressor.hpp"
 #include "dilocox/compress/flat_layout.hpp"
@@ -72,7 +76,7 @@ class CocktailCompressor {
     layout_.assign(lengths_, 1);
     layout_.gather(x, flat_);
     const std::uint64_t rs = stream_seed(config_.seed, in.sync, 2);
-    const std::uint32_t nnz = select(rs);
+    const std::uint32_t nnz = select(rs, in.tensors);
     PayloadHeader h{PayloadKind::sparse_quantized, {layout_.total()}, config_.quant, nnz};
     h.quant.seed = rs ^ static_cast<std::uint64_t>(me);
     const std::size_t p = payload_size(h, "");
@@ -136,11 +140,15 @@ class CocktailCompressor {
  private:
   // subset_[0, nnz): the sync's random subset (the same on every replica, so its size
   // agrees too), then its top-k by magnitude of flat_, in index order.
-  std::uint32_t select(std::uint64_t rs) {
+  std::uint32_t select(std::uint64_t rs, std::span<const std::size_t> tensors) {
     subset_.clear();
-    const auto total = static_cast<std::uint32_t>(layout_.total());
-    for (std::uint32_t i = 0; i < total; ++i)
-      if (counter_uniform(rs, i) < config_.random_fraction) subset_.push_back(i);
+    for (std::size_t j = 0; j < tensors.size(); ++j) {
+      const std::string& name = specs_[tensors[j]].name;
+      const std::uint64_t ts = stream_seed(rs, checksum64(std::as_bytes(std::span(name.data(), name.size()))), 3);
+      const auto at = static_cast<std::uint32_t>(layout_.offset(j)), n = static_cast<std::uint32_t>(lengths_[j]);
+      for (std::uint32_t i = 0; i < n; ++i)
+        if (counter_uniform(ts, i) < config_.random_fraction) subset_.push_back(at + i);
+    }
     if (subset_.empty()) return 0;
     const auto nnz = static_cast<std::uint32_t>(
         std::min<double>(subset_.size(), std::max(1.0, std::round(config_.topk_fraction * subset_.size()))));
