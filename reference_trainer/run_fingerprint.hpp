@@ -74,15 +74,12 @@ inline GptConfig preset_or_empty(const std::string& name) {
     return GptConfig{};
   }
 }
-}  // namespace detail
 
-// The table, in the order messages list flags.
-inline const std::vector<FlagRow>& flag_table() {
-  using detail::num;
-  using detail::when;
+// The rows of the flags that change the numbers a run produces.
+inline std::vector<FlagRow> outcome_flag_rows() {
   using O = const TrainOptions&;
-  constexpr auto outcome = FlagScope::outcome, ranks = FlagScope::ranks, local = FlagScope::local;
-  static const std::vector<FlagRow> rows = {
+  constexpr auto outcome = FlagScope::outcome;
+  return {
       {"--model", outcome, [](O o) { return o.model; }},
       {"--layers", outcome, [](O o) { return std::to_string(o.layers ? o.layers : detail::preset_or_empty(o.model).n_layer); }},
       {"--embd", outcome, [](O o) { return std::to_string(o.embd ? o.embd : detail::preset_or_empty(o.model).n_embd); }},
@@ -133,35 +130,50 @@ inline const std::vector<FlagRow>& flag_table() {
       {"--step-seconds", outcome, [](O o) { return when(detail::outer_loop(o), num(o.step_seconds)); }},
       // The link changes numbers only through the overlap floor of H (with --step-seconds).
       {"--wan-bandwidth", outcome,
-       [](O o) { return when(detail::outer_loop(o) && o.step_seconds > 0, num(parse_bits_per_second(o.wan_bandwidth))); }},
+       [](O o) { return when(detail::outer_loop(o) && o.step_seconds > 0, num(link_of(o).bits_per_second)); }},
       {"--wan-latency", outcome,
-       [](O o) { return when(detail::outer_loop(o) && o.step_seconds > 0, num(parse_seconds(o.wan_latency))); }},
+       [](O o) { return when(detail::outer_loop(o) && o.step_seconds > 0, num(link_of(o).latency_seconds)); }},
       {"--inject-nan", outcome, [](O o) { return o.inject_nan.empty() ? "none" : o.inject_nan; }},
-      {"--eval-every", ranks, [](O o) { return std::to_string(o.eval_every); }},
-      {"--eval-sequences", ranks, [](O o) { return std::to_string(o.eval_sequences); }},
-      {"--checkpoint-dir", ranks, [](O o) { return o.checkpoint_dir.empty() ? "none" : "given"; }},
-      {"--checkpoint-every", ranks, [](O o) { return std::to_string(o.checkpoint_every); }},
-      {"--checkpoint-minutes", ranks, [](O o) { return num(o.checkpoint_minutes); }},
-      {"--resume", ranks, [](O o) { return o.resume ? "yes" : "no"; }},
-      {"--resume-if-present", ranks, [](O o) { return o.resume_if_present ? "yes" : "no"; }},
-      {"--stop-after", ranks, [](O o) { return std::to_string(o.stop_after); }},
-      {"--collective-timeout", ranks, [](O o) { return num(o.collective_timeout); }},
-      {"--progress-timeout", ranks, [](O o) { return num(o.progress_timeout); }},
-      {"--max-nonfinite-steps", ranks, [](O o) { return std::to_string(o.max_nonfinite_steps); }},
-      {"--dump-pseudo-gradients", ranks, [](O o) { return o.dump_pseudo_gradients.empty() ? "none" : "given"; }},
-      {"--plan", ranks, [](O o) { return o.plan ? "yes" : "no"; }},
-      // The data's contents are outcome (the "data" entry, from the shards' checksums).
-      {"--data-dir", local, nullptr},
-      {"--metrics", local, nullptr},
-      {"--quiet", local, nullptr},
-      {"--gpu", local, nullptr},
-      {"--threads", local, nullptr},  // the same numbers for any count
-      {"--params", local, nullptr},
-      {"--rank-flops", local, nullptr},
-      {"--gpu-memory", local, nullptr},
-      {"--inner-state", local, nullptr},
-      {"--help", local, nullptr},
   };
+}
+}  // namespace detail
+
+// The table, in the order messages list flags: the outcome rows, then the flags every
+// rank must agree on, then those each rank may set for itself.
+inline const std::vector<FlagRow>& flag_table() {
+  using detail::num;
+  using O = const TrainOptions&;
+  constexpr auto ranks = FlagScope::ranks, local = FlagScope::local;
+  static const std::vector<FlagRow> rows = [] {
+    std::vector<FlagRow> r = detail::outcome_flag_rows();
+    r.insert(r.end(), {
+        {"--eval-every", ranks, [](O o) { return std::to_string(o.eval_every); }},
+        {"--eval-sequences", ranks, [](O o) { return std::to_string(o.eval_sequences); }},
+        {"--checkpoint-dir", ranks, [](O o) { return o.checkpoint_dir.empty() ? "none" : "given"; }},
+        {"--checkpoint-every", ranks, [](O o) { return std::to_string(o.checkpoint_every); }},
+        {"--checkpoint-minutes", ranks, [](O o) { return num(o.checkpoint_minutes); }},
+        {"--resume", ranks, [](O o) { return o.resume ? "yes" : "no"; }},
+        {"--resume-if-present", ranks, [](O o) { return o.resume_if_present ? "yes" : "no"; }},
+        {"--stop-after", ranks, [](O o) { return std::to_string(o.stop_after); }},
+        {"--collective-timeout", ranks, [](O o) { return num(o.collective_timeout); }},
+        {"--progress-timeout", ranks, [](O o) { return num(o.progress_timeout); }},
+        {"--max-nonfinite-steps", ranks, [](O o) { return std::to_string(o.max_nonfinite_steps); }},
+        {"--dump-pseudo-gradients", ranks, [](O o) { return o.dump_pseudo_gradients.empty() ? "none" : "given"; }},
+        {"--plan", ranks, [](O o) { return o.plan ? "yes" : "no"; }},
+        // The data's contents are outcome (the "data" entry, from the shards' checksums).
+        {"--data-dir", local, nullptr},
+        {"--metrics", local, nullptr},
+        {"--quiet", local, nullptr},
+        {"--gpu", local, nullptr},
+        {"--threads", local, nullptr},  // the same numbers for any count
+        {"--params", local, nullptr},
+        {"--rank-flops", local, nullptr},
+        {"--gpu-memory", local, nullptr},
+        {"--inner-state", local, nullptr},
+        {"--help", local, nullptr},
+    });
+    return r;
+  }();
   return rows;
 }
 

@@ -118,8 +118,7 @@ inline SyncOptions resolve_sync(const TrainOptions& o) {
   if (o.outer_momentum >= 0) s.outer_momentum = o.outer_momentum;
   s.step_seconds = o.step_seconds;
   try {
-    s.link.bits_per_second = dilocox::parse_bits_per_second(o.wan_bandwidth);
-    s.link.latency_seconds = dilocox::parse_seconds(o.wan_latency);
+    s.link = link_of(o);
     validate(sync_mode(s.mode), s);
   } catch (const dilocox::Error& e) {
     throw UsageError(e.what());

@@ -333,6 +333,11 @@ inline std::vector<std::string> train_flag_names() {
   return names;
 }
 
+// The emulated link of --wan-bandwidth and --wan-latency (checked at parse time).
+inline LinkConfig link_of(const TrainOptions& o) {
+  return {parse_bits_per_second(o.wan_bandwidth), parse_seconds(o.wan_latency)};
+}
+
 // Returns the options, or what to print and the exit code when the program should stop now.
 inline std::variant<TrainOptions, ParseExit> parse_train_options(int argc, char** argv) {
   TrainOptions o;
