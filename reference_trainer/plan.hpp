@@ -60,6 +60,7 @@ struct LayoutFit {
   bool found = false;
   int at_stages = 0;                 // the stage count searched at (0: every count)
   int stages = 0, dp = 0;            // when found
+  int ranks() const { return RankLayout{.clusters = 1, .dp = dp, .stages = stages}.world(); }  // per cluster
   double memory = 0;                 // per rank, the largest stage
 };
 
@@ -142,14 +143,20 @@ inline SyncOptions options_for(const PlanInput& in, const SyncMode& m) {
   return o;
 }
 
+// The parameters of stage s: its tensors', or exactly --params / stages when given.
+inline double stage_param_count(const PlanInput& in, int s) {
+  if (in.params_override > 0) return static_cast<double>(in.params_override) / in.stages;
+  double n = 0;
+  for (const auto& t : stage_specs(in.model, in.stages, s)) n += static_cast<double>(t.shape.numel());
+  return n;
+}
+
 // Bytes each dp rank of stage s puts on the wire for one outer round (or one step,
 // AllReduce, whose gradient the dp ranks split evenly).
 inline std::vector<double> round_wire_bytes(const PlanInput& in, const SyncMode& m, int s) {
   std::vector<double> out;
   if (m.per_step) {  // the gradient of every parameter: exactly --params where given
-    std::uint64_t n = 0;
-    for (const auto& t : stage_specs(in.model, in.stages, s)) n += t.shape.numel();
-    if (in.params_override > 0) n = static_cast<std::uint64_t>(in.params_override / in.stages);
+    const auto n = static_cast<std::uint64_t>(stage_param_count(in, s));
     out.assign(static_cast<std::size_t>(in.dp), static_cast<double>(ring_allreduce_cost(n * 4 / in.dp, in.clusters).bytes));
     return out;
   }
@@ -167,18 +174,14 @@ inline std::vector<double> round_wire_bytes(const PlanInput& in, const SyncMode&
 // largest part) when outer_sharded, else whole on every rank.
 inline MemoryPlan stage_memory(const PlanInput& in, const SyncMode& mode, int s, bool outer_sharded) {
   MemoryPlan m;
-  const auto specs = stage_specs(in.model, in.stages, s);
-  double n = 0;
-  for (const auto& t : specs) n += static_cast<double>(t.shape.numel());
-  if (in.params_override > 0) n = static_cast<double>(in.params_override) / in.stages;
-  const double p = in.inner_sharded ? n / in.dp : n;
+  const double n = stage_param_count(in, s), p = in.inner_sharded ? n / in.dp : n;
   m.weights = 4 * p;  // fp32, as dilocox-train holds them
   m.grads = 4 * p;
   m.adamw = 8 * p;    // m and v
   if (!mode.per_step && in.clusters > 1) {
     const AnyCompressor c = mode.make(options_for(in, mode));
     if (!outer_sharded || in.dp == 1) {
-      m.outer = outer_memory(specs, c, in.sync.momentum_storage);
+      m.outer = outer_memory(stage_specs(in.model, in.stages, s), c, in.sync.momentum_storage);
     } else {
       for (const auto& part : stage_shards(in.model, in.stages, s, in.dp))
         if (const auto o = outer_memory(part, c, in.sync.momentum_storage); o.total() > m.outer.total()) m.outer = o;
@@ -213,7 +216,7 @@ inline LayoutFit smallest_layout(PlanInput in, const SyncMode& mode, bool outer_
   for (int s = stages > 0 ? stages : 1; s <= (stages > 0 ? stages : in.model.n_layer); ++s) {
     in.stages = s;
     const int most = outer_sharded && !mode.per_step ? static_cast<int>(stage_specs(in.model, s, s - 1).size()) : 4096;
-    for (int d = 1; d <= most && (!best.found || s * d < best.stages * best.dp); ++d) {
+    for (int d = 1; d <= most && (!best.found || RankLayout{.clusters = 1, .dp = d, .stages = s}.world() < best.ranks()); ++d) {
       in.dp = d;
       const double mem = largest_stage_memory(in, mode, outer_sharded).total();
       if (mem > in.gpu_memory) continue;
@@ -253,12 +256,7 @@ inline Plan make_plan(PlanInput in) {
   dilocox::detail::require(in.stages >= 1 && in.stages <= in.model.n_layer, "plan",
                            "--stages " + std::to_string(in.stages) + " for " + std::to_string(in.model.n_layer) +
                                " layers: need 1 <= stages <= layers");
-  for (int s = 0; s < in.stages; ++s) {
-    double n = 0;
-    for (const auto& t : stage_specs(in.model, in.stages, s)) n += static_cast<double>(t.shape.numel());
-    if (in.params_override > 0) n = static_cast<double>(in.params_override) / in.stages;
-    plan.stage_params = std::max(plan.stage_params, n);
-  }
+  for (int s = 0; s < in.stages; ++s) plan.stage_params = std::max(plan.stage_params, stage_param_count(in, s));
   const SyncMode& chosen = sync_mode(in.sync.mode);
   plan.memory = largest_stage_memory(in, chosen, true);
   plan.fits = plan.memory.total() <= in.gpu_memory;

@@ -44,7 +44,7 @@ inline nlohmann::json plan_json(const PlanInput& in, const Plan& p) {
                      {"tokens_per_second", m.tokens_per_second}});
   for (const auto& l : p.layouts)
     layouts.push_back({{"outer", l.outer}, {"at_stages", l.at_stages}, {"found", l.found},
-                       {"stages", l.stages}, {"dp", l.dp}, {"ranks_per_cluster", l.stages * l.dp},
+                       {"stages", l.stages}, {"dp", l.dp}, {"ranks_per_cluster", l.ranks()},
                        {"memory_per_rank", l.memory}});
   const double held = static_cast<double>(p.memory.outer.global) / 4;  // the parameters of the largest outer shard
   return {{"model", p.model.name}, {"params", p.params}, {"clusters", in.clusters}, {"stages", in.stages}, {"dp", in.dp},
@@ -79,7 +79,7 @@ inline void print_memory(const PlanInput& in, const Plan& p) {
 inline std::string layout_cell(const LayoutFit& l) {
   if (!l.found) return "none";
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%d x %d = %d ranks, %s", l.stages, l.dp, l.stages * l.dp, human_bytes(l.memory).c_str());
+  std::snprintf(buf, sizeof buf, "%d x %d = %d ranks, %s", l.stages, l.dp, l.ranks(), human_bytes(l.memory).c_str());
   return buf;
 }
 
