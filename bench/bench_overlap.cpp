@@ -10,6 +10,7 @@
 //                              [--compute-gflop 2] [--compute busy|sleep]
 #include <dilocox/comm/mpi.hpp>
 #include <dilocox/comm/throttled.hpp>
+#include <dilocox/compress/lowrank.hpp>
 #include <dilocox/diloco.hpp>
 
 #include <Eigen/Core>
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
     dx::OuterLoopConfig cfg;  // DiLoCoX defaults (overlap, low rank, int4, adaptive), one step per round:
     cfg.local_steps = 1;      // the compute below is the round's compute
     cfg.max_local_steps = 1;
-    dx::OuterLoop loop(link, named, cfg);
+    dx::OuterLoop loop(link, named, dx::LowRankCompressor{}, cfg);
     const double sleep_s = compute == "sleep" ? busy_compute(gflop) : 0;  // measured once, before any reduction
     if (world.rank() == 0)
       std::printf("# bench_overlap: %d ranks, %.1fM parameters, link %.2f Gbit/s + %.0f ms per hop, compute %.2f GFLOP "

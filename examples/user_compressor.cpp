@@ -2,6 +2,7 @@
 // library. SignCompressor sends each tensor as its signs (1 bit each) and one scale (the
 // mean magnitude), with error feedback; 3 replicas (threads) pull toward their own
 // targets and OuterLoop averages them. Prints the distance to the mean target per round.
+// The compressor is registered by name (add_method) and built from its name.
 // The compressor (between the markers) is the one docs/API.md shows; a test keeps them equal.
 #include <dilocox/dilocox.hpp>
 
@@ -59,6 +60,13 @@ struct SignCompressor {
 // [user-compressor]
 
 int main() {
+  // Registered by name, like the library's own methods (compress/registry.hpp), so a
+  // program that picks its method from a flag or a config file finds it too.
+  dx::add_method({.name = "sign",
+                  .help = "1 bit a value and one scale a tensor, error feedback",
+                  .defaults = "no knobs",
+                  .knobs = {},
+                  .make = [](const dx::KnobReader&) { return dx::AnyCompressor(SignCompressor{}); }});
   constexpr int K = 3, n = 64, rounds = 30;
   auto comms = dx::make_thread_communicators(K);
   std::vector<double> distance(rounds);
@@ -67,7 +75,7 @@ int main() {
     replicas.emplace_back([&, r] {
       std::vector<float> w(n, 0.0f), target(n);  // every replica starts from the same w
       for (int i = 0; i < n; ++i) target[i] = std::sin(0.1f * i) + 0.5f * static_cast<float>(r - 1);
-      dx::OuterLoop loop(comms[r], {{"w", {n}, w}}, SignCompressor{}, {.local_steps = 5});
+      dx::OuterLoop loop(comms[r], {{"w", {n}, w}}, dx::make_compressor("sign"), {.local_steps = 5});
       for (int t = 0; t < rounds; ++t) {
         for (int h = 0; h < loop.local_steps(); ++h)  // SGD on ||w - target||^2 / 2
           for (int i = 0; i < n; ++i) w[i] -= 0.2f * (w[i] - target[i]);

@@ -1,9 +1,9 @@
 // reference_trainer/cluster_sync.hpp: what one rank (k, s) does across clusters, over
 // the `stage` communicator (the K replicas of stage s) wrapped in an emulated WAN
 // (ThrottledLink): AllReduce averages the gradient every step (fp32, the baseline);
-// every other mode of sync_modes.hpp runs the library's OuterLoop on the stage's
-// parameters with that mode's compressor, stepped after every inner step. Also the
-// accounting the summary reports. Not here: which modes exist (sync_modes.hpp).
+// every other mode runs the library's OuterLoop on the stage's parameters with that
+// mode's compressor, stepped after every inner step. Also the accounting the summary
+// reports. Not here: which modes exist (the library's registry, via sync_modes.hpp).
 #pragma once
 
 #include "model/stage_model.hpp"
@@ -38,9 +38,12 @@ class ClusterSync {
   // on its own. sync_tied: whether this stage's copy of the tied embedding takes part
   // (the last stage's copy is refreshed from the first stage's instead). resuming:
   // load_state() follows (replicas' phi may differ).
+  // uplink: the site's link, which the stage's bytes share with the site's other stages
+  // (and shards); stages: how many share it, for the outer loop's modelled sync time.
   ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, MPI_Comm data_parallel, StageModel& model, bool sync_tied,
-              bool resuming)
-      : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link), model_(&model) {
+              bool resuming, SharedUplink& uplink, int stages)
+      : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link, &uplink),
+        model_(&model) {
     if (data_parallel != MPI_COMM_NULL) group_.emplace(data_parallel);
     std::vector<TensorSpec> specs;
     for (const auto& t : model.tensors()) {
@@ -54,9 +57,12 @@ class ClusterSync {
     std::vector<NamedTensor> params;
     for (std::size_t i : mine_) params.push_back({specs[i].name, specs[i].shape, synced_[i]});
     for (const auto& p : params) stage_floats_ += p.data.size();
-    AnyCompressor compressor = mode_->make(o);
+    AnyCompressor compressor = make_compressor(*mode_, o);
     OuterLoopConfig c = outer_loop_config(*mode_, o, compressor);
     c.defer_start_check = resuming;
+    // The H floor's modelled sync time: the D shards' seconds are summed (group_sum), and
+    // the S stages send at once on one site link, each at 1/S of it.
+    if (c.link) c.link->bits_per_second /= stages;
     if (group_) c.group_sum = group_sum(*group_);
     loop_.emplace(link_, std::move(params), std::move(compressor), c);
   }
@@ -142,7 +148,7 @@ class ClusterSync {
   // Whether the next step syncs (the same answer on every rank of the group: its loops
   // agree on H, and each cuts its tensors into the same number of fragments).
   bool next_step_syncs() const { return loop_ && loop_->next_step_syncs(); }
-  // The outer state this rank holds (none in AllReduce mode, or without tensors).
+  // The outer state this rank holds (none in AllReduce mode).
   OuterMemory memory() const { return loop_ ? loop_->memory() : OuterMemory{}; }
   // Bytes this rank put on the in-cluster link to share the group's tensors.
   std::uint64_t group_bytes() const { return group_bytes_; }

@@ -23,11 +23,13 @@ struct RankLayout {
     return {.cluster = rank / (dp * stages), .dp = rank / stages % dp, .stage = rank % stages};
   }
 
-  // Which pipeline (same k, d), data-parallel group (same k, s) and set of peers across
-  // clusters (same s, d) a rank belongs to, numbered from 0.
+  // Which pipeline (same k, d), data-parallel group (same k, s), set of peers across
+  // clusters (same s, d) and site (same k) a rank belongs to, numbered from 0.
   int pipeline_of(RankCoord c) const { return c.cluster * dp + c.dp; }
   int group_of(RankCoord c) const { return c.cluster * stages + c.stage; }
   int peers_of(RankCoord c) const { return c.dp * stages + c.stage; }
+  // The site (cluster) a rank belongs to: its D x S ranks share the site's link.
+  int site_of(RankCoord c) const { return c.cluster; }
 
   // "stage 1, dp 0, replica 1" (dp and replica only when there are several).
   std::string where(int rank) const {

@@ -160,7 +160,7 @@ inline std::vector<double> round_wire_bytes(const PlanInput& in, const SyncMode&
     out.assign(static_cast<std::size_t>(in.dp), static_cast<double>(ring_allreduce_cost(n * 4 / in.dp, in.clusters).bytes));
     return out;
   }
-  const AnyCompressor c = m.make(options_for(in, m));
+  const AnyCompressor c = make_compressor(m, options_for(in, m));
   for (const auto& part : stage_shards(in.model, in.stages, s, in.dp)) {
     const auto bytes = c.wire_bytes(part, in.clusters);
     dilocox::detail::require(bytes.has_value(), "plan", "--sync " + m.name + ": its compressor does not report wire_bytes");
@@ -179,7 +179,7 @@ inline MemoryPlan stage_memory(const PlanInput& in, const SyncMode& mode, int s,
   m.grads = 4 * p;
   m.adamw = 8 * p;    // m and v
   if (!mode.per_step && in.clusters > 1) {
-    const AnyCompressor c = mode.make(options_for(in, mode));
+    const AnyCompressor c = make_compressor(mode, options_for(in, mode));
     if (!outer_sharded || in.dp == 1) {
       m.outer = outer_memory(stage_specs(in.model, in.stages, s), c, in.sync.momentum_storage);
     } else {

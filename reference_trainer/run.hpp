@@ -15,6 +15,7 @@
 #include "pseudo_gradient_dump.hpp"
 #include "rank_comms.hpp"
 #include "run_inputs.hpp"
+#include "site_uplink.hpp"
 #include "stage_trainer.hpp"
 #include "train_options.hpp"
 #include "watchdog.hpp"
@@ -113,6 +114,7 @@ class Run {
   MPI_Comm cluster_ = MPI_COMM_NULL;  // comms_->pipeline(): this pipeline's S stages
   std::unique_ptr<StageLink> link_;
   std::unique_ptr<StageTrainer> trainer_;
+  std::unique_ptr<SiteUplink> uplink_;  // the site's link, shared by its ranks (outlives sync_)
   std::optional<ClusterSync> sync_;
   std::optional<PseudoGradientDump> dump_;
   std::uint64_t dump_index_ = 0;

@@ -43,8 +43,12 @@ void Run::build() {
   // evaluation and finish read it, host and device agree.
   wte_ = model.tied_embedding();
   if (o_.clusters > 1) {
+    uplink_ = std::make_unique<SiteUplink>(comms_->site());
+    if (uplink_->spans_hosts() && rank_ == 0)
+      std::fprintf(stderr, "dilocox-train: note: a cluster spans hosts; its --wan-bandwidth is shared by the ranks "
+                           "of each host (%d here), not of the whole cluster\n", uplink_->sharers());
     sync_.emplace(sync_opts_, comms_->clusters(), data_parallel, model, /*sync_tied=*/stage_ == 0,
-                  /*resuming=*/step_ > 0);
+                  /*resuming=*/step_ > 0, *uplink_->uplink(), S);
     if (sync_->per_step())
       trainer_->set_gradient_hook([this](std::span<float> g, bool finite) { return sync_->average_gradients(g, finite); });
   }
@@ -152,6 +156,7 @@ bool Run::room_for_checkpoints() {
 // Frees what build() made (the communicators, the outer loop).
 void Run::release() {
   if (sync_) sync_.reset();
+  uplink_.reset();
   comms_.reset();
   cluster_ = MPI_COMM_NULL;
 }

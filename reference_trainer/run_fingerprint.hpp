@@ -59,7 +59,10 @@ inline std::optional<std::string> when(bool used, std::string v) {
 }
 inline int bits_in_effect(const TrainOptions& o) {
   for (const auto& m : sync_modes())
-    if (m.name == o.sync) return o.bits ? o.bits : m.bits.front();
+    if (m.name == o.sync) {
+      const Knob* bits = m.knob("bits");
+      return o.bits ? o.bits : bits ? static_cast<int>(bits->value) : 0;
+    }
   return o.bits;
 }
 inline bool overlap_in_effect(const TrainOptions& o) {

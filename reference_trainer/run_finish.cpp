@@ -135,6 +135,9 @@ json Run::summary() {
     s["wire_bytes"] = wire;
     s["dense_bytes"] = dense;
     s["compression_ratio"] = wire > 0 ? dense / wire : 0.0;
+    // The busiest rank's modelled time on the site link, waits behind its site's other
+    // ranks included.
+    s["wan_link_seconds"] = max_over(world_, sync_->link_seconds());
     s["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
     s["final_rank"] = rank_sum / world_size_;
     s["final_local_steps"] = rounds_ ? sync_->local_steps() : 1;

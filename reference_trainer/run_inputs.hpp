@@ -163,5 +163,9 @@ inline double sum_over(MPI_Comm comm, double v) {
   MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
   return v;
 }
+inline double max_over(MPI_Comm comm, double v) {
+  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm);
+  return v;
+}
 
 }  // namespace dilocox::trainer

@@ -59,7 +59,7 @@ struct TrainOptions {
   double progress_timeout = 600;    // seconds a rank may stay at one step and activity (0: off); generous: a
                                     //   slow evaluation or save must not end a healthy run (watchdog.hpp)
   int max_nonfinite_steps = 10;     // consecutive steps with a NaN/Inf loss (any replica) that end the run
-  // Across clusters: K replicas x D x S stages = mpirun -np K*D*S; modes in sync_modes.hpp.
+  // Across clusters: K replicas x D x S stages = mpirun -np K*D*S; modes: the registry's methods.
   int clusters = 1;
   std::string sync = SyncOptions{}.mode;  // the defaults below are SyncOptions' (sync_modes.hpp)
   int bits = SyncOptions{}.bits;
@@ -283,7 +283,7 @@ inline CLI::Option* define_cluster_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--step-seconds", o.step_seconds,
                  "modelled seconds of one inner step: H never drops below what hides a sync on the link (0: no floor)")
       ->capture_default_str()->check(detail::non_negative)->group(g);
-  app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between clusters, e.g. 1Gbps, 20Mbps (at least 1kbps)")
+  app.add_option("--wan-bandwidth", o.wan_bandwidth, "emulated link between two clusters, shared by all of a cluster's ranks (their bytes queue on it), e.g. 1Gbps, 20Mbps (at least 1kbps)")
       ->capture_default_str()->group(g);
   app.add_option("--wan-latency", o.wan_latency, "emulated latency per hop, e.g. 20ms (at most 60s)")->capture_default_str()
       ->group(g);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The synchronization modes of reference_trainer/sync_modes.hpp side by side (the main
+# The synchronization modes of the registry (include/dilocox/compress/registry.hpp) side by side (the main
 # demo's part 2): 2 clusters of the `tiny` GPT on the Brown corpus, 600k tokens (--quick:
 # 100k), joined by an emulated 10 Mbit/s link (20 ms latency) on which AllReduce spends
 # most of its time communicating, each mode at its defaults; DiLoCoX also with 4 streaming

@@ -6,8 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <barrier>
 #include <chrono>
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "thread_ranks.hpp"
@@ -140,6 +142,42 @@ TEST(ThrottledLink, EachCollectiveTakesAtLeastItsModelledTime) {
     EXPECT_NEAR(link.stats().link_seconds, 0.06, 1e-6);
     EXPECT_GE(link.stats().wall_seconds, 0.06);
   });
+}
+
+// Two stages x two clusters; each cluster's two ranks share one uplink. Every rank sends
+// 4000 bytes at 1.6e5 bits/s (0.2 s alone), all four at once: on a shared uplink one of
+// each cluster's two waits for the other's bytes (0.4 s; >= 0.3 s allows the threads'
+// starts 0.1 s apart); apart, both take 0.2 s.
+TEST(ThrottledLink, RanksOfASiteQueueOnItsSharedUplink) {
+  for (const bool shared : {true, false}) {
+    std::int64_t free_at[2] = {0, 0};  // cluster 0's uplink, cluster 1's
+    std::vector<dx::SharedUplink> uplinks = {dx::SharedUplink(&free_at[0]), dx::SharedUplink(&free_at[1])};
+    std::vector<std::vector<dx::ThreadCommunicator>> stages;  // stage s: its two clusters' ranks
+    stages.push_back(dx::make_thread_communicators(2));
+    stages.push_back(dx::make_thread_communicators(2));
+    std::vector<double> seconds(4);
+    std::barrier start(4);
+    std::vector<std::thread> t;
+    for (int s = 0; s < 2; ++s)
+      for (int k = 0; k < 2; ++k)
+        t.emplace_back([&, s, k] {
+          dx::ThrottledLink link(stages[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)],
+                                 {.bits_per_second = 1.6e5, .latency_seconds = 0},
+                                 shared ? &uplinks[static_cast<std::size_t>(k)] : nullptr);
+          std::vector<float> v(1000);
+          start.arrive_and_wait();
+          link.allreduce_sum(v);  // 2 (K-1)/K x 4000 = 4000 bytes from each rank
+          seconds[static_cast<std::size_t>(2 * s + k)] = link.stats().link_seconds;
+        });
+    for (auto& th : t) th.join();
+    for (int k = 0; k < 2; ++k) {  // per cluster: the first to queue, the second
+      const double lo = std::min(seconds[static_cast<std::size_t>(k)], seconds[static_cast<std::size_t>(2 + k)]);
+      const double hi = std::max(seconds[static_cast<std::size_t>(k)], seconds[static_cast<std::size_t>(2 + k)]);
+      EXPECT_GE(lo, 0.2 - 1e-6) << "cluster " << k;
+      if (shared) EXPECT_GE(hi, 0.3) << "cluster " << k;
+      else EXPECT_NEAR(hi, 0.2, 1e-6) << "cluster " << k;
+    }
+  }
 }
 
 TEST(ThrottledLink, RejectsBadLinkSettings) {

@@ -3,6 +3,7 @@
 // bit-identical after every round, NaN replicas dropped, mismatched replicas refused.
 #include <dilocox/compress/cocktail.hpp>
 #include <dilocox/compress/dense.hpp>
+#include <dilocox/compress/lowrank.hpp>
 #include <dilocox/compress/sparse.hpp>
 #include <dilocox/diloco.hpp>
 #include <dilocox/comm/thread.hpp>
@@ -277,7 +278,7 @@ TEST(OuterLoop, MismatchedReplicasGetAnErrorNamingTheTensorOnEveryRank) {
     run_ranks(3, [&](dx::ThreadCommunicator& comm) {
       std::vector<float> buf(20, 1.0f);
       try {
-        dx::OuterLoop loop(comm, c.params(comm.rank(), buf), dx::OuterLoopConfig{});
+        dx::OuterLoop loop(comm, c.params(comm.rank(), buf), dx::LowRankCompressor{}, dx::OuterLoopConfig{});
       } catch (const dx::Error& e) {
         err[comm.rank()] = e.what();
       }
@@ -365,10 +366,10 @@ TEST(OuterLoop, LoadStateRefusesAForeignState) {
   const LeastSquares prob(2, kDin, kDout, 128, 0.05f, 5);
   run_ranks(prob.k, [&](dx::ThreadCommunicator& c) {
     LeastSquaresReplica rep(prob, c.rank(), 1e-2f);
-    dx::OuterLoop loop(c, tensors(rep), dilocox_config());
+    dx::OuterLoop loop(c, tensors(rep), dx::LowRankCompressor{}, dilocox_config());
     auto state = loop.save_state();
     state.resize(state.size() / 2);
-    dx::OuterLoop fresh(c, tensors(rep), dilocox_config());
+    dx::OuterLoop fresh(c, tensors(rep), dx::LowRankCompressor{}, dilocox_config());
     EXPECT_THROW(fresh.load_state(state), dx::Error);
     const std::vector<std::byte> junk(64, std::byte{7});
     EXPECT_THROW(fresh.load_state(junk), dx::Error);

@@ -30,7 +30,6 @@
 #include "dilocox/comm/communicator.hpp"
 #include "dilocox/comm/cost.hpp"
 #include "dilocox/compress/compressor.hpp"
-#include "dilocox/compress/lowrank.hpp"
 #include "dilocox/config.hpp"
 #include "dilocox/named_tensor.hpp"
 #include "dilocox/outer.hpp"
@@ -154,8 +153,6 @@ class OuterLoop {
     make_fragments();
     local_steps_ = config_.local_steps;
   }
-  OuterLoop(C& comm, std::vector<NamedTensor> params, OuterLoopConfig config = {})
-      : OuterLoop(comm, std::move(params), LowRankCompressor{}, std::move(config)) {}
   OuterLoop(const OuterLoop&) = delete;
   OuterLoop& operator=(const OuterLoop&) = delete;
   ~OuterLoop() { background_.drain(); }

@@ -18,6 +18,7 @@
 #include "dilocox/compress/dense.hpp"
 #include "dilocox/compress/flat_layout.hpp"
 #include "dilocox/compress/lowrank.hpp"
+#include "dilocox/compress/registry.hpp"
 #include "dilocox/compress/sparse.hpp"
 #include "dilocox/config.hpp"
 #include "dilocox/diloco.hpp"

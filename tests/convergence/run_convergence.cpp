@@ -11,15 +11,12 @@
 // --overlap-steps T, --replicas K, --steps N, --local-steps H, --fragments F,
 // --seed S, --lr X, and knobs over the defaults: --outer-lr, --outer-momentum,
 // --nesterov 0|1, --momentum-at replica|mean, --momentum-bf16 0|1, --rebase keep|overwrite|blend|mix, --blend A,
-// --error-decay, --rank, --max-rank, --adaptive 0|1, --bits, --ef 0|1 (sparseloco: keep_residual),
-// --average-chosen 0|1 (sparseloco).
+// the method's knobs (registry.hpp): --knob NAME=VALUE, or --error-decay, --rank, --max-rank,
+// --adaptive 0|1, --bits, --average-chosen 0|1; --ef 0|1 (sparseloco: keep_residual).
 #include "tasks.hpp"
 
 #include <dilocox/comm/thread.hpp>
-#include <dilocox/compress/cocktail.hpp>
-#include <dilocox/compress/dense.hpp>
-#include <dilocox/compress/lowrank.hpp>
-#include <dilocox/compress/sparse.hpp>
+#include <dilocox/compress/registry.hpp>
 #include <dilocox/diloco.hpp>
 
 #include "sync_modes.hpp"
@@ -88,9 +85,9 @@ struct Run {
   bool overlap = true;
   int replicas = 2, steps = 2000, local_steps = 20, fragments = 1;
   std::uint64_t seed = 1;
-  std::optional<float> lr, outer_lr, outer_momentum, error_decay, blend;
-  std::optional<bool> nesterov, adaptive, ef, average_chosen;
-  std::optional<int> rank, max_rank, bits;
+  std::optional<float> lr, outer_lr, outer_momentum, blend;
+  std::optional<bool> nesterov, ef;
+  dx::KnobValues knobs;                            // over the method's defaults (registry.hpp)
   std::optional<std::string> rebase, momentum_at;  // unset: the mode's
   std::optional<int> overlap_steps;                // unset: the mode's
   bool momentum_bf16 = false;                      // the outer momentum stored in bf16
@@ -104,41 +101,12 @@ struct Result {
   int final_h = 0;
 };
 
+// The compressor of r.method from the library's registry, with this run's knobs; --ef is
+// error feedback, or for SparseLoCo keep_residual (its accumulator kept at the replica).
 dx::AnyCompressor make_compressor(const Run& r) {
-  if (r.method == "diloco") {  // 4 bits, as the trainer's --sync diloco, unless --bits says otherwise
-    dx::DenseConfig c;
-    const int bits = r.bits.value_or(4);
-    c.codec = bits == 32   ? dx::Codec{dx::Encoding::f32, {}}
-              : bits == 16 ? dx::Codec{dx::Encoding::f16, {}}
-                           : dx::Codec{dx::Encoding::quantized, {.bits = bits, .block = 128}};
-    if (r.ef) c.error_feedback = *r.ef;
-    if (r.error_decay) c.error_decay = *r.error_decay;
-    return dx::DenseCompressor(c);
-  }
-  if (r.method == "cocktail") {
-    dx::CocktailConfig c;
-    if (r.error_decay) c.error_decay = *r.error_decay;
-    return dx::CocktailCompressor(c);
-  }
-  if (r.method == "sparseloco") {
-    dx::SparseLoCoConfig c;
-    if (r.error_decay) c.error_decay = *r.error_decay;
-    if (r.outer_lr) c.outer_lr = *r.outer_lr;
-    if (r.ef) c.keep_residual = *r.ef;
-    if (r.average_chosen) c.average_chosen = *r.average_chosen;
-    return dx::SparseLoCoCompressor(c);
-  }
-  if (r.method == "dilocox") {
-    dx::LowRankCompressorConfig c;
-    if (r.rank) c.rank = *r.rank;
-    if (r.max_rank) c.adaptive_config.r_max = *r.max_rank;
-    if (r.adaptive) c.adaptive = *r.adaptive;
-    if (r.ef) c.error_feedback = *r.ef;
-    if (r.error_decay) c.error_decay = *r.error_decay;
-    if (r.bits) c.factor_quant.bits = *r.bits;
-    return dx::LowRankCompressor(c);
-  }
-  throw dx::Error("unknown method '" + r.method + "'");
+  dx::KnobValues k = r.knobs;
+  if (r.ef) k[r.method == "sparseloco" ? "keep_residual" : "error_feedback"] = *r.ef ? 1 : 0;
+  return dx::make_compressor(r.method, k);
 }
 
 Result run(const Run& r) {
@@ -161,7 +129,7 @@ Result run(const Run& r) {
         named.push_back({s.name, s.shape, task->params().subspan(at, s.shape.numel())});
         at += s.shape.numel();
       }
-      // The schedule each mode runs in the trainer (sync_modes.hpp), then this run's knobs.
+      // The schedule each method runs with (registry.hpp, through the trainer's flags), then this run's knobs.
       dx::trainer::SyncOptions so;
       so.mode = r.method;
       so.local_steps = r.local_steps;
@@ -256,13 +224,15 @@ bool parse(int argc, char** argv, Run& r, bool& suite, bool& quick) {
     else if (a == "--outer-lr") r.outer_lr = std::stof(v);
     else if (a == "--outer-momentum") r.outer_momentum = std::stof(v);
     else if (a == "--nesterov") r.nesterov = v != "0";
-    else if (a == "--error-decay") r.error_decay = std::stof(v);
-    else if (a == "--rank") r.rank = std::stoi(v);
-    else if (a == "--max-rank") r.max_rank = std::stoi(v);
-    else if (a == "--adaptive") r.adaptive = v != "0";
+    else if (a == "--error-decay") r.knobs["error_decay"] = std::stod(v);
+    else if (a == "--rank") r.knobs["rank"] = std::stod(v);
+    else if (a == "--max-rank") r.knobs["max_rank"] = std::stod(v);
+    else if (a == "--adaptive") r.knobs["adaptive"] = std::stod(v);
+    else if (a == "--average-chosen") r.knobs["average_chosen"] = std::stod(v);
+    else if (a == "--bits") r.knobs["bits"] = std::stod(v);
+    else if (a == "--knob" && v.find('=') != std::string::npos)
+      r.knobs[v.substr(0, v.find('='))] = std::stod(v.substr(v.find('=') + 1));
     else if (a == "--ef") r.ef = v != "0";
-    else if (a == "--average-chosen") r.average_chosen = v != "0";
-    else if (a == "--bits") r.bits = std::stoi(v);
     else if (a == "--rebase") r.rebase = v;
     else if (a == "--blend") r.blend = std::stof(v);
     else if (a == "--momentum-at") r.momentum_at = v;

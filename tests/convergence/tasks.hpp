@@ -30,6 +30,10 @@ namespace convergence {
 
 namespace dx = dilocox;
 using RowM = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+// Parameters and gradients at Eigen's alignment: its reductions over a Map peel a head
+// whose length depends on the address, so heap-aligned buffers would make a run's last
+// digits depend on what the process allocated before it (the suite against one run).
+using Buffer = std::vector<float, Eigen::aligned_allocator<float>>;
 
 class Task {
  public:
@@ -82,7 +86,7 @@ class LeastSquaresTask final : public Task {
   }
   double optimum() {  // the mean objective at the solution of the normal equations (reported)
     if (optimum_) return *optimum_;
-    const std::vector<float> saved = p_;
+    const Buffer saved = p_;
     Eigen::Map<RowM>(p_.data(), kOut, kIn) = prob_.w_opt.cast<float>();
     Eigen::Map<Eigen::VectorXf>(p_.data() + kOut * kIn, kOut) = prob_.b_opt.cast<float>();
     double s = 0;
@@ -94,7 +98,7 @@ class LeastSquaresTask final : public Task {
   LeastSquares prob_;
   LeastSquaresReplica rep_;  // its replica index and data
   std::optional<double> optimum_;
-  std::vector<float> p_, g_;
+  Buffer p_, g_;
 };
 
 // ---- two-layer tanh MLP (regression or classification) ------------------------------
@@ -138,7 +142,7 @@ class MlpTask : public Task {
   }
 
   int I_, H_, O_;
-  std::vector<float> p_, g_;
+  Buffer p_, g_;
   RowM h_;  // (N, H) hidden activation of the last forward
 };
 

@@ -3,6 +3,7 @@
 // NaN replicas dropped and mismatched replicas refused. Run under mpiexec with 2-4
 // ranks; every rank runs every test, rank 0 prints.
 #include <dilocox/comm/mpi.hpp>
+#include <dilocox/compress/lowrank.hpp>
 #include <dilocox/diloco.hpp>
 #include <dilocox/reduce.hpp>
 #include <gmock/gmock.h>
@@ -125,7 +126,7 @@ TEST(OuterLoop, NaNReplicaIsDroppedOnEveryRank) {
   cfg.local_steps = 5;
   std::vector<std::string> log;
   cfg.log = [&](const std::string& m) { log.push_back(m); };
-  dx::OuterLoop loop(c, {{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}}, cfg);
+  dx::OuterLoop loop(c, {{"w", {48, 64}, {rep.w.data(), 48 * 64}}, {"b", {48}, {rep.b.data(), 48}}}, dx::LowRankCompressor{}, cfg);
   int dropped = 0;
   for (int t = 0; t < 6; ++t) {
     for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
@@ -145,7 +146,7 @@ TEST(OuterLoop, MismatchedShapesAreAnErrorOnEveryRank) {
   std::vector<float> buf(16, 1.0f);
   const dx::Shape shape = c.rank() == 0 ? dx::Shape{8, 2} : dx::Shape{4, 4};
   try {
-    dx::OuterLoop loop(c, {{"layer.weight", shape, {buf.data(), 16}}}, dx::OuterLoopConfig{});
+    dx::OuterLoop loop(c, {{"layer.weight", shape, {buf.data(), 16}}}, dx::LowRankCompressor{}, dx::OuterLoopConfig{});
     ADD_FAILURE() << "no error";
   } catch (const dx::Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("tensor 0 'layer.weight'"));

@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "dilocox/checksum.hpp"
 #include "dilocox/codec.hpp"
 #include "dilocox/compress/compressor.hpp"
 #include "dilocox/compress/flat_layout.hpp"
@@ -143,8 +142,7 @@ class CocktailCompressor {
   std::uint32_t select(std::uint64_t rs, std::span<const std::size_t> tensors) {
     subset_.clear();
     for (std::size_t j = 0; j < tensors.size(); ++j) {
-      const std::string& name = specs_[tensors[j]].name;
-      const std::uint64_t ts = stream_seed(rs, checksum64(std::as_bytes(std::span(name.data(), name.size()))), 3);
+      const std::uint64_t ts = stream_seed(rs, stream_key(specs_[tensors[j]]), 3);
       const auto at = static_cast<std::uint32_t>(layout_.offset(j)), n = static_cast<std::uint32_t>(lengths_[j]);
       for (std::uint32_t i = 0; i < n; ++i)
         if (counter_uniform(ts, i) < config_.random_fraction) subset_.push_back(at + i);

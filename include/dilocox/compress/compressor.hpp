@@ -16,6 +16,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dilocox/checksum.hpp"
 #include "dilocox/comm/any.hpp"
 #include "dilocox/comm/cost.hpp"
 #include "dilocox/outer.hpp"
@@ -33,10 +34,19 @@ inline std::string number(double v) {
 }
 }  // namespace detail
 
+// A tensor as compressors see it. The name is the tensor's identity: compressors draw
+// its random streams (projector start, energy probes, random subsets) from the name,
+// never from its position, so a loop over a shard or a fragment of the tensors draws
+// what one loop over all of them draws. Give distinct tensors distinct names.
 struct TensorSpec {
   std::string name;
   Shape shape;
 };
+
+// The key of a tensor's random streams: a hash of its name.
+inline std::uint64_t stream_key(const TensorSpec& s) {
+  return checksum64(std::as_bytes(std::span(s.name.data(), s.name.size())));
+}
 
 // One sync, as every rank sees it (identical everywhere).
 struct SyncInput {

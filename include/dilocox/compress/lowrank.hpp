@@ -82,9 +82,10 @@ class LowRankCompressor {
       ac.r_max = std::min<int>(ac.r_max, static_cast<int>(std::min(m, n)));
       ac.r_min = std::min(ac.r_min, ac.r_max);
       matrix_of_[i] = static_cast<int>(matrices_.size());
-      matrices_.push_back({i, m, n,
+      const std::uint64_t key = stream_key(specs_[i]);
+      matrices_.push_back({i, m, n, key,
                            std::make_unique<PowerIterationProjector>(
-                               m, n, LowRankConfig{.rank = r0, .seed = config_.seed + i}),
+                               m, n, LowRankConfig{.rank = r0, .seed = stream_seed(config_.seed, key, 1)}),
                            config_.adaptive ? std::make_unique<AdaptiveRankController>(ac, std::clamp(r0, ac.r_min, ac.r_max))
                                             : nullptr});
     }
@@ -182,6 +183,7 @@ class LowRankCompressor {
  private:
   struct Matrix {
     std::size_t tensor, m, n;
+    std::uint64_t key;  // stream_key: its projector's and probes' streams
     std::unique_ptr<PowerIterationProjector> proj;
     std::unique_ptr<AdaptiveRankController> controller;  // null without adaptive rank
   };
@@ -281,12 +283,12 @@ class LowRankCompressor {
     }
   }
 
-  // g_ (m, s) = G - P (P^T G), G standard normal for (seed, sync, tensor): the same on
-  // every replica, orthogonal to the shared subspace P.
+  // g_ (m, s) = G - P (P^T G), G standard normal for (seed, sync, tensor name): the same
+  // on every replica, orthogonal to the shared subspace P.
   void probe_directions(const Matrix& mx, std::uint64_t sync) {
     const auto m = static_cast<Eigen::Index>(mx.m), s = static_cast<Eigen::Index>(probes());
     g_.resize(m, s);
-    const std::uint64_t seed = stream_seed(config_.seed ^ probe_salt, sync, static_cast<std::uint32_t>(mx.tensor));
+    const std::uint64_t seed = stream_seed(config_.seed ^ probe_salt ^ mx.key, sync, 0);
     for (Eigen::Index i = 0; i < g_.size(); ++i) g_.data()[i] = counter_normal(seed, static_cast<std::uint64_t>(i));
     const auto pf = mx.proj->left_factor();
     Eigen::Map<const RowMatrix> p(pf.data(), m, mx.proj->rank());
