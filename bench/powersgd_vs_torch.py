@@ -133,19 +133,16 @@ class Probe(torch.nn.Module):
         return (self.weight * x).sum()
 
 
-def torch_powersgd(x, rank, iters, seed):
-    m, n = x.shape
-    layer = Probe(m, n)
+def time_hook(layer, state, hook, x, iters):
+    """{"error", "cpu", "wall"} of DDP comm hook `hook` (with `state`) on the gradient x of
+    layer's weight: 2 plain-allreduce calls, then `iters` compressed ones; the error after
+    the last, the median time of those after the first."""
     ddp = torch.nn.parallel.DistributedDataParallel(layer, bucket_cap_mb=1024)
-    # start_powerSGD_iter must exceed 1 with warm start: the first 2 calls are plain allreduce.
-    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
-                               min_compression_rate=0, use_error_feedback=False, warm_start=True,
-                               orthogonalization_epsilon=0, random_seed=seed)
     cpu, wall = [], []
 
     def timed_hook(st, bucket):  # DDP requires the parameter name `bucket`
         c0, t0 = time.process_time(), time.perf_counter()
-        fut = psgd.powerSGD_hook(st, bucket)
+        fut = hook(st, bucket)
         fut.wait()
         cpu.append(time.process_time() - c0)
         wall.append(time.perf_counter() - t0)
@@ -160,6 +157,15 @@ def torch_powersgd(x, rank, iters, seed):
     err = float((x - out).norm() / x.norm())
     # The first 2 calls are plain allreduce, the next one starts from a random Q.
     return {"error": err, "cpu": statistics.median(cpu[3:]), "wall": statistics.median(wall[3:])}
+
+
+def torch_powersgd(x, rank, iters, seed):
+    layer = Probe(*x.shape)
+    # start_powerSGD_iter must exceed 1 with warm start: the first 2 calls are plain allreduce.
+    state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2,
+                               min_compression_rate=0, use_error_feedback=False, warm_start=True,
+                               orthogonalization_epsilon=0, random_seed=seed)
+    return time_hook(layer, state, psgd.powerSGD_hook, x, iters)
 
 
 def run_ours(binary, args):

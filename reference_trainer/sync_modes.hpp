@@ -10,6 +10,8 @@
 #include <dilocox/diloco.hpp>
 
 #include <algorithm>
+#include <cctype>
+#include <cstring>
 #include <deque>
 #include <optional>
 #include <string>
@@ -17,22 +19,19 @@
 
 namespace dilocox::trainer {
 
-// The flags that shape synchronization across clusters (train_options.hpp fills them).
-struct SyncOptions {
+// The flags that shape synchronization across clusters (train_options.hpp fills them):
+// the method's knobs the flags set, and the outer-loop choices (the library's
+// LoopChoices) with the trainer's H0 and largest H.
+struct SyncOptions : LoopChoices {
+  SyncOptions() {
+    local_steps = 20;       // H0
+    max_local_steps = 500;  // largest H the adaptive rule may reach
+  }
   std::string mode = "dilocox";
   int bits = 0;                  // 0: the mode's default
   int rank = LowRankCompressorConfig{}.rank;        // dilocox: initial rank r0 (the library's default)
   int max_rank = AdaptiveConfig{}.r_max;            // dilocox adaptive: r_max (the library's default)
-  int local_steps = 20;          // H0
-  int max_local_steps = 500;     // largest H the adaptive rule may reach
-  std::optional<bool> overlap;   // unset: the mode's default
   bool adaptive = true;          // dilocox: adaptive rank and H
-  int fragments = 1;             // streaming fragments
-  std::optional<Rebase> rebase;  // unset: the mode's (keep; Streaming DiLoCo: mix, or overwrite without overlap)
-  std::optional<int> overlap_steps;          // unset: the mode's tau
-  std::optional<MomentumAt> momentum_at;     // unset: the mode's
-  std::optional<float> outer_lr, outer_momentum;  // unset: the mode's outer step
-  MomentumStorage momentum_storage = OuterLoopConfig{}.momentum_storage;  // the library's default
   double step_seconds = 0;       // modelled seconds per inner step (overlap floor of H); 0: none
   LinkConfig link{1e9, 0.0};
 };
@@ -65,6 +64,31 @@ inline AnyCompressor make_compressor(const SyncMode& m, const SyncOptions& o) {
   return dilocox::make_compressor(m, knobs_of(m, o));
 }
 
+// A message of check_loop_choices() with each LoopChoices name written as its flag
+// ("local_steps" -> "--local-steps").
+inline std::string as_flags(std::string what) {
+  static const char* const names[] = {"max_local_steps", "local_steps", "overlap_steps", "fragments", "rebase"};
+  std::string out;
+  for (std::size_t i = 0; i < what.size();) {
+    const char* hit = nullptr;
+    const bool word_start = i == 0 || !(std::isalnum(static_cast<unsigned char>(what[i - 1])) || what[i - 1] == '_');
+    for (const char* n : names)
+      if (word_start && what.compare(i, std::strlen(n), n) == 0) {
+        hit = n;
+        break;
+      }
+    if (!hit) {
+      out += what[i++];
+      continue;
+    }
+    std::string flag = std::string("--") + hit;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    out += flag;
+    i += std::strlen(hit);
+  }
+  return out;
+}
+
 // Throws Error naming the flag when the options do not suit the mode.
 inline void validate(const SyncMode& m, const SyncOptions& o) {
   const Knob* bits = m.knob("bits");
@@ -75,41 +99,18 @@ inline void validate(const SyncMode& m, const SyncOptions& o) {
   }
   dilocox::detail::require(o.max_rank >= o.rank, "--max-rank",
                   std::to_string(o.max_rank) + " is below --rank " + std::to_string(o.rank));
-  dilocox::detail::require(o.max_local_steps >= o.local_steps, "--max-local-steps",
-                  std::to_string(o.max_local_steps) + " is below --local-steps " + std::to_string(o.local_steps));
-  const int tau = o.overlap.value_or(m.overlap) ? o.overlap_steps.value_or(m.overlap_steps) : 0;
-  if (tau > 0 && !m.per_step) {
-    dilocox::detail::require(!o.rebase || *o.rebase == Rebase::mix || *o.rebase == Rebase::overwrite, "--rebase",
-                             "--overlap-steps " + std::to_string(tau) + " merges as Streaming DiLoCo: mix or overwrite");
-    dilocox::detail::require(o.local_steps >= (tau + 1) * o.fragments, "--overlap-steps",
-                             std::to_string(tau) + " needs --local-steps >= (overlap steps + 1) x --fragments = " +
-                                 std::to_string((tau + 1) * o.fragments));
+  try {
+    check_loop_choices(m, o);
+  } catch (const Error& e) {
+    throw Error(as_flags(e.what()));
   }
 }
 
 // The OuterLoop settings of a mode with these options.
 inline OuterLoopConfig outer_loop_config(const SyncMode& m, const SyncOptions& o, const AnyCompressor& c) {
-  OuterLoopConfig cfg;
-  cfg.local_steps = o.local_steps;
-  cfg.min_local_steps = std::min(cfg.min_local_steps, o.local_steps);
-  cfg.max_local_steps = std::max(o.max_local_steps, o.local_steps);
-  const bool overlap = o.overlap.value_or(m.overlap);
-  const int tau = overlap ? o.overlap_steps.value_or(m.overlap_steps) : 0;
-  cfg.overlap = overlap && tau == 0;
-  cfg.overlap_steps = tau;
-  cfg.fragments = o.fragments;
-  // Streaming DiLoCo's overlap mixes; a streaming mode without overlap is DiLoCo (phi = theta).
-  cfg.rebase = o.rebase.value_or(tau > 0 ? Rebase::mix : m.overlap_steps > 0 ? Rebase::overwrite : Rebase::keep);
-  cfg.momentum_at = o.momentum_at.value_or(m.momentum_at);
-  cfg.momentum_storage = o.momentum_storage;
+  OuterLoopConfig cfg = dilocox::outer_loop_config(m, o, c);
   cfg.step_seconds = o.step_seconds;
   cfg.link = o.link;
-  if (o.outer_lr || o.outer_momentum) {
-    NesterovConfig n = c.outer_step().value_or(NesterovConfig{});
-    if (o.outer_lr) n.lr = *o.outer_lr;
-    if (o.outer_momentum) n.momentum = *o.outer_momentum;
-    cfg.outer = n;
-  }
   return cfg;
 }
 

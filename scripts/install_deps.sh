@@ -10,6 +10,8 @@
 #                                    Debian's torch (BLAS_INFO=generic) then loads through
 #                                    the libblas.so.3 / liblapack.so.3 alternatives instead
 #                                    of the reference BLAS no PyTorch user runs
+#   scripts/install_deps.sh --torch  also what the torch extension (bindings/torch) builds and
+#                                    tests with: libtorch, pybind11 and the same torch for Python
 #   scripts/install_deps.sh --print  lists the packages and exits
 # Does not install CUDA (optional; CMake detects nvcc).
 set -euo pipefail
@@ -22,6 +24,7 @@ packages=(
   python3 gnuplot-nox
 )
 bench_packages=(python3-torch python3-numpy libopenblas0-pthread)
+torch_packages=(libtorch-dev pybind11-dev python3-torch)
 
 # Which BLAS libblas.so.3 resolves to (the side-by-side scripts refuse the reference one).
 report_blas() {
@@ -33,8 +36,9 @@ report_blas() {
 case "${1:-}" in
   "") ;;
   --bench) packages+=("${bench_packages[@]}"); trap report_blas EXIT ;;
-  --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}"; exit 0 ;;
-  *) echo "install_deps: unknown option '$1' (use --bench or --print)" >&2; exit 2 ;;
+  --torch) packages+=("${torch_packages[@]}") ;;
+  --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}" "${torch_packages[@]}"; exit 0 ;;
+  *) echo "install_deps: unknown option '$1' (use --bench, --torch or --print)" >&2; exit 2 ;;
 esac
 
 missing=()

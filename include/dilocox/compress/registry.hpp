@@ -18,6 +18,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -163,6 +164,60 @@ inline AnyCompressor make_compressor(const Method& m, const KnobValues& values =
 }
 inline AnyCompressor make_compressor(std::string_view name, const KnobValues& values = {}) {
   return make_compressor(method(name), values);
+}
+
+// The outer-loop settings a user picks for a method; each unset one is the method's
+// (Method::overlap, overlap_steps, momentum_at, its compressor's outer step). The rest
+// default to OuterLoopConfig's.
+struct LoopChoices {
+  int local_steps = OuterLoopConfig{}.local_steps;  // H0
+  int max_local_steps = OuterLoopConfig{}.max_local_steps;
+  int fragments = OuterLoopConfig{}.fragments;
+  std::optional<bool> overlap{};
+  std::optional<int> overlap_steps{};  // tau, when overlap is on
+  std::optional<Rebase> rebase{};      // the method's: keep; Streaming DiLoCo: mix, or overwrite without overlap
+  std::optional<MomentumAt> momentum_at{};
+  std::optional<float> outer_lr{}, outer_momentum{};
+  MomentumStorage momentum_storage = OuterLoopConfig{}.momentum_storage;
+};
+
+// Error naming the setting when `c` does not suit method `m`.
+inline void check_loop_choices(const Method& m, const LoopChoices& c) {
+  detail::require(c.local_steps >= 1, "local_steps", "must be >= 1, got " + std::to_string(c.local_steps));
+  detail::require(c.max_local_steps >= c.local_steps, "max_local_steps",
+                  std::to_string(c.max_local_steps) + " is below local_steps " + std::to_string(c.local_steps));
+  detail::require(c.fragments >= 1, "fragments", "must be >= 1, got " + std::to_string(c.fragments));
+  const int tau = c.overlap.value_or(m.overlap) ? c.overlap_steps.value_or(m.overlap_steps) : 0;
+  if (tau <= 0 || m.per_step) return;
+  detail::require(!c.rebase || *c.rebase == Rebase::mix || *c.rebase == Rebase::overwrite, "rebase",
+                  "overlap_steps " + std::to_string(tau) + " merges as Streaming DiLoCo: mix or overwrite");
+  detail::require(c.local_steps >= (tau + 1) * c.fragments, "overlap_steps",
+                  std::to_string(tau) + " needs local_steps >= (overlap steps + 1) x fragments = " +
+                      std::to_string((tau + 1) * c.fragments));
+}
+
+// The OuterLoop settings of method `m` with choices `c`, for its compressor `comp`.
+inline OuterLoopConfig outer_loop_config(const Method& m, const LoopChoices& c, const AnyCompressor& comp) {
+  OuterLoopConfig cfg;
+  cfg.local_steps = c.local_steps;
+  cfg.min_local_steps = std::min(cfg.min_local_steps, c.local_steps);
+  cfg.max_local_steps = std::max(c.max_local_steps, c.local_steps);
+  const bool overlap = c.overlap.value_or(m.overlap);
+  const int tau = overlap ? c.overlap_steps.value_or(m.overlap_steps) : 0;
+  cfg.overlap = overlap && tau == 0;
+  cfg.overlap_steps = tau;
+  cfg.fragments = c.fragments;
+  // Streaming DiLoCo's overlap mixes; a streaming method without overlap is DiLoCo (phi = theta).
+  cfg.rebase = c.rebase.value_or(tau > 0 ? Rebase::mix : m.overlap_steps > 0 ? Rebase::overwrite : Rebase::keep);
+  cfg.momentum_at = c.momentum_at.value_or(m.momentum_at);
+  cfg.momentum_storage = c.momentum_storage;
+  if (c.outer_lr || c.outer_momentum) {
+    NesterovConfig n = comp.outer_step().value_or(NesterovConfig{});
+    if (c.outer_lr) n.lr = *c.outer_lr;
+    if (c.outer_momentum) n.momentum = *c.outer_momentum;
+    cfg.outer = n;
+  }
+  return cfg;
 }
 
 namespace detail {
