@@ -2,6 +2,8 @@
 // values on decaying spectra, orthonormal finite factors on degenerate input,
 // warm start, rank changes, determinism and rejected input; the one-sweep step()
 // against the two-phase API (left, orthonormalize_left, right) it replaces in one process.
+// LowRankCompressor's int8 factors blocked by column against by row on a steep spectrum.
+#include <dilocox/compress/lowrank.hpp>
 #include <dilocox/lowrank.hpp>
 #include <gtest/gtest.h>
 
@@ -9,6 +11,8 @@
 #include <Eigen/SVD>
 #include <cmath>
 #include <vector>
+
+#include "thread_ranks.hpp"
 
 namespace dx = dilocox;
 using RowM = dx::PowerIterationProjector::RowMatrix;
@@ -363,4 +367,82 @@ TEST(PowerIterationProjectorStep, ApproximateInPlace) {
   a.approximate(view(x), view(out));
   b.approximate(view(y), view(y));  // out aliases x: X is read before X_hat is written
   EXPECT_EQ(y, out);
+}
+
+namespace {
+
+// The mean of `replicas` replicas that all hold x, after `syncs` warm-started syncs of a
+// fixed-rank int8 LowRankCompressor without error feedback (every rank's mean checked
+// bit-identical).
+RowM compressed_mean(const RowM& x, int rank, bool by_column, int replicas, int syncs) {
+  const auto m = static_cast<std::size_t>(x.rows()), n = static_cast<std::size_t>(x.cols());
+  std::vector<RowM> means(static_cast<std::size_t>(replicas), RowM(x.rows(), x.cols()));
+  run_ranks(replicas, [&](dx::ThreadCommunicator& comm) {
+    dx::LowRankCompressorConfig cfg;
+    cfg.rank = rank, cfg.factor_quant.bits = 8, cfg.adaptive = false, cfg.error_feedback = false, cfg.min_ratio = 1;
+    cfg.factor_blocks_by_column = by_column;
+    dx::LowRankCompressor c(cfg);
+    c.setup(std::vector<dx::TensorSpec>{{"w", dx::Shape{m, n}}});
+    dx::AnyCommunicator any(comm);
+    RowM& mean = means[static_cast<std::size_t>(comm.rank())];
+    const std::vector<std::size_t> all{0};
+    const std::vector<std::uint8_t> contributes(static_cast<std::size_t>(replicas), 1);
+    for (int s = 0; s < syncs; ++s) {
+      RowM in = x;
+      std::vector<std::span<float>> xs{{in.data(), m * n}}, ms{{mean.data(), m * n}};
+      c.sync(any, {all, contributes, static_cast<std::uint64_t>(s)}, xs, ms);
+    }
+  });
+  for (const RowM& other : means) EXPECT_TRUE(other == means[0]) << "the replicas' means differ";
+  return means[0];
+}
+
+}  // namespace
+
+// Singular values 1/i: P's and Q's r columns differ in scale by up to r. Blocked by row,
+// a block of 64 int8 values mixes the columns and the small ones lose their digits;
+// blocked by column, the error is within 2% of the rank-r optimum (the SVD's).
+TEST(LowRankCompressor, ColumnBlockedInt8FactorsKeepSteepSpectraNearOptimal) {
+  const int m = 256, n = 192, r = 32;
+  std::vector<double> s(n);
+  for (int i = 0; i < n; ++i) s[static_cast<std::size_t>(i)] = 1.0 / (i + 1);
+  const RowM x = with_spectrum(m, n, s, 7);
+  double tail = 0;
+  for (int i = r; i < n; ++i) tail += s[static_cast<std::size_t>(i)] * s[static_cast<std::size_t>(i)];
+  const double optimal = std::sqrt(tail), norm = x.cast<double>().norm();
+  const double by_column = frob_error(compressed_mean(x, r, true, 2, 8), x);
+  const double by_row = frob_error(compressed_mean(x, r, false, 2, 8), x);
+  EXPECT_LT(by_column, 1.02 * optimal) << "relative " << by_column / norm << ", optimum " << optimal / norm;
+  EXPECT_GT(by_row, 1.2 * by_column) << "row blocks " << by_row / norm << ", column blocks " << by_column / norm;
+}
+
+// mean[j] aliasing x[j] (the DDP hook reduces a gradient in place): the same means, sync
+// after sync, as separate buffers give, error feedback on, on 2 replicas with their own data.
+TEST(LowRankCompressor, MeanIntoTheInputGivesTheSameMeansAsSeparateBuffers) {
+  const std::size_t m = 96, n = 80, v = 24;
+  std::vector<std::vector<float>> runs[2];
+  for (int alias = 0; alias < 2; ++alias)
+    run_ranks(2, [&](dx::ThreadCommunicator& comm) {
+      dx::LowRankCompressorConfig cfg;
+      cfg.rank = 4, cfg.adaptive = false;
+      dx::LowRankCompressor c(cfg);
+      c.setup(std::vector<dx::TensorSpec>{{"w", dx::Shape{m, n}}, {"b", dx::Shape{v}}});
+      dx::AnyCommunicator any(comm);
+      const std::vector<std::size_t> all{0, 1};
+      const std::vector<std::uint8_t> contributes{1, 1};
+      for (std::uint64_t s = 0; s < 4; ++s) {
+        std::vector<float> w(m * n), b(v), mw(m * n), mb(v);
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = dx::counter_normal(100 * s + comm.rank(), i);
+        for (std::size_t i = 0; i < v; ++i) b[i] = dx::counter_normal(7 + 100 * s + comm.rank(), i);
+        std::vector<std::span<float>> xs{w, b}, ms{mw, mb};
+        if (alias) ms = xs;
+        c.sync(any, {all, contributes, s}, xs, ms);
+        if (comm.rank() == 0) {
+          runs[alias].push_back(alias ? w : mw);
+          runs[alias].push_back(alias ? b : mb);
+        }
+      }
+    });
+  ASSERT_EQ(runs[0].size(), 8u);
+  for (std::size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[0][i] == runs[1][i]) << "sync part " << i;
 }

@@ -50,11 +50,10 @@ class LowRankHook {
       specs_.push_back({names[i], s});
     }
     compressor_.setup(specs_);
-    x_.resize(specs_.size());
   }
 
   // Replaces the gradients of parameters `index` (ascending) by their mean over the
-  // ranks (compressed); returns the bytes this rank put on the wire.
+  // ranks (compressed), in place; returns the bytes this rank put on the wire.
   std::uint64_t reduce(const std::vector<std::int64_t>& index, const std::vector<at::Tensor>& grads) {
     detail::require(index.size() == grads.size() && !grads.empty(), "lowrank_hook", "a bucket without gradients");
     std::vector<std::size_t> tensors;
@@ -72,11 +71,8 @@ class LowRankHook {
                       "the gradient of '" + spec.name + "' has " + std::to_string(g.numel()) + " elements, the parameter " +
                           std::to_string(spec.shape.numel()));
       tensors.push_back(static_cast<std::size_t>(index[j]));
-      std::vector<float>& x = x_[static_cast<std::size_t>(index[j])];  // kept: no page faults a call
-      x.resize(spec.shape.numel());
-      std::copy_n(g.data_ptr<float>(), x.size(), x.begin());
-      xs.emplace_back(x);
-      means.emplace_back(g.data_ptr<float>(), static_cast<std::size_t>(g.numel()));
+      xs.emplace_back(g.data_ptr<float>(), static_cast<std::size_t>(g.numel()));  // reduced in place
+      means.push_back(xs.back());
     }
     std::vector<std::uint8_t> everyone(static_cast<std::size_t>(comm_.size()), 1);
     const SyncReport r = compressor_.sync(any_, {.tensors = tensors, .contributes = everyone, .sync = syncs_++}, xs, means);
@@ -130,6 +126,7 @@ class LowRankHook {
     LowRankCompressorConfig c;
     c.rank = options_.rank;
     c.factor_quant.bits = options_.bits;
+    c.factor_blocks_by_column = true;  // columns of P and Q differ in scale as the singular values do
     c.min_ratio = options_.min_compression_rate;
     c.adaptive = false;
     c.error_feedback = options_.error_feedback;
@@ -141,7 +138,6 @@ class LowRankHook {
   AnyCommunicator any_;
   HookOptions options_;
   std::vector<TensorSpec> specs_;
-  std::vector<std::vector<float>> x_;  // (parameters) what the compressor reads and may change: a gradient's copy
   LowRankCompressor compressor_;
   std::uint64_t syncs_ = 0;
   std::uint64_t bytes_ = 0;

@@ -1,8 +1,10 @@
 // bindings/torch/process_group_comm.hpp: ProcessGroupCommunicator, the Communicator
-// concept over a torch.distributed process group (c10d::ProcessGroup: gloo on CPUs,
-// NCCL on GPUs), so a PyTorch job needs no MPI beside torch. Host buffers are wrapped
-// as CPU tensors without a copy; every operation waits at most `timeout`, so a dead or
-// stalled peer is a dilocox::Error naming the operation, never a hang. Async forms run
+// concept over a torch.distributed process group (c10d::ProcessGroup), so a PyTorch job
+// needs no MPI beside torch. Host buffers are wrapped as CPU tensors without a copy, so
+// the group's backend must take CPU tensors (gloo; NCCL takes device buffers, which the
+// outer loop does not hold yet). Every operation waits at most `timeout`, so a dead or
+// stalled peer is a dilocox::Error naming the operation, never a hang; the group is
+// unusable after one. Async forms run
 // on a progress thread (AsyncCollectives). Not here: the outer loop (torch_outer_loop.hpp).
 #pragma once
 

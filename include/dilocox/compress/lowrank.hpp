@@ -31,6 +31,9 @@ struct LowRankCompressorConfig {
   int rank = 8;                                     // initial rank r0 of every matrix (measured: docs/RESULTS.md)
   QuantConfig factor_quant{.bits = 4, .block = 64};  // P and Q on the wire: int4, as DiLoCoX
   QuantConfig small_quant{.bits = 8, .block = 64};   // vectors and small matrices: int8 keeps them near exact
+  // Factors travel column by column, so that a quantization block holds one column (the
+  // r columns differ in scale by sigma_1 / sigma_r); off: row by row, a block mixing them.
+  bool factor_blocks_by_column = false;
   double min_ratio = 4.0;   // low rank only when (m + n) r0 < m n / min_ratio: else int8 sends less error per byte
   bool adaptive = true;     // AdaGC: rank (and H) from each round's sketch (DiLoCoX's adaptive compression)
   AdaptiveConfig adaptive_config{};  // r_min, r_max, rho, window (adaptive.hpp)
@@ -93,7 +96,8 @@ class LowRankCompressor {
 
   std::string describe() const {
     return "low-rank r" + std::to_string(config_.rank) + " int" + std::to_string(config_.factor_quant.bits) + "/b" +
-           std::to_string(config_.factor_quant.block) + " factors, small tensors int" +
+           std::to_string(config_.factor_quant.block) + (config_.factor_blocks_by_column ? " column-blocked" : "") +
+           " factors, small tensors int" +
            std::to_string(config_.small_quant.bits) + "/b" + std::to_string(config_.small_quant.block) +
            (config_.error_feedback ? " + error feedback decay " + detail::number(config_.error_decay) : "") +
            (config_.adaptive ? " + adaptive rank [" + std::to_string(config_.adaptive_config.r_min) + ", " +
@@ -112,6 +116,9 @@ class LowRankCompressor {
     return t;
   }
 
+  // The Compressor contract (compressor.hpp); besides, mean[j] may be x[j]'s own memory
+  // (a DDP hook reducing a gradient in place): it then receives the mean, and what is
+  // still owed stays in the error feedback only.
   SyncReport sync(AnyCommunicator& comm, const SyncInput& in, TensorSpans x, TensorSpans mean) {
     const bool mine = in.contributes[static_cast<std::size_t>(comm.rank())] != 0;
     if (config_.error_feedback)
@@ -124,6 +131,7 @@ class LowRankCompressor {
     if (!mats_.empty()) sync_matrices(comm, in, mine, r);
     if (!smalls_.empty()) sync_small(comm, in, mine, r);
     for (std::size_t j = 0; j < in.tensors.size(); ++j) {  // what is still owed
+      if (x[j].data() == mean[j].data()) continue;  // x's memory holds the mean
       if (config_.error_feedback) std::copy_n(ef_[in.tensors[j]].residual().begin(), x[j].size(), x[j].begin());
       else std::fill(x[j].begin(), x[j].end(), 0.0f);
     }
@@ -220,10 +228,11 @@ class LowRankCompressor {
 
   void sync_matrices(AnyCommunicator& comm, const SyncInput& in, bool mine, SyncReport& r) {
     // Phase 1: P_i = X_i Q_i on every replica; their mean, shared, orthonormalized.
-    lengths_.clear();
+    lengths_.clear(), cols_.clear();
     for (auto& p : mats_) {
       if (p.mx->controller && p.mx->proj->rank() != p.mx->controller->rank()) p.mx->proj->set_rank(p.mx->controller->rank());
       lengths_.push_back(p.mx->m * static_cast<std::size_t>(p.mx->proj->rank()));
+      cols_.push_back(static_cast<std::size_t>(p.mx->proj->rank()));
     }
     layout_.assign(lengths_, config_.factor_quant.block);
     for (std::size_t k = 0; k < mats_.size(); ++k) parts_[k] = mats_[k].mx->proj->left(view(mats_[k])).span();
@@ -240,8 +249,9 @@ class LowRankCompressor {
       const auto rr = static_cast<std::size_t>(mx.proj->rank());
       std::copy_n(mean_flat_.begin() + static_cast<std::ptrdiff_t>(layout_.offset(2 * k)), n * rr,
                   mx.proj->right_factor().begin());
-      mx.proj->reconstruct({mean_out_[j].data(), mx.m, n});  // Delta = P mean(Q)^T
+      // The residual reads x, which the mean may overwrite (mean[j] aliasing x[j]).
       if (config_.error_feedback && mine) residual(mats_[k], std::span<const float>(sent_).subspan(layout_.offset(2 * k), n * rr));
+      mx.proj->reconstruct({mean_out_[j].data(), mx.m, n});  // Delta = P mean(Q)^T
       rank_sum += static_cast<double>(rr);
       if (mx.controller) {
         const auto z = std::span<const float>(mean_flat_).subspan(layout_.offset(2 * k + 1), n * probes());
@@ -260,10 +270,12 @@ class LowRankCompressor {
   // parts_[2k] = Q_k (n, r), parts_[2k + 1] = Z_k (n, s) of matrix k of this sync; the
   // layout and, with error feedback, sent_ = what this replica's encoding decodes to.
   void right_factors(const SyncInput& in) {
-    lengths_.clear();
+    lengths_.clear(), cols_.clear();
     for (auto& p : mats_) {
       lengths_.push_back(p.mx->n * static_cast<std::size_t>(p.mx->proj->rank()));
       lengths_.push_back(p.mx->n * static_cast<std::size_t>(probes()));
+      cols_.push_back(static_cast<std::size_t>(p.mx->proj->rank()));
+      cols_.push_back(static_cast<std::size_t>(probes()));
     }
     layout_.assign(lengths_, config_.factor_quant.block);
     for (std::size_t k = 0; k < mats_.size(); ++k) {
@@ -301,14 +313,32 @@ class LowRankCompressor {
   WireCost reduce_factors(AnyCommunicator& comm, const SyncInput& in, std::span<const std::span<float>> parts,
                           std::uint32_t salt) {
     layout_.gather(parts, flat_);
+    if (config_.factor_blocks_by_column) transpose_parts(flat_, false);
     if (config_.error_feedback && salt == 20) {
       sent_.resize(flat_.size());
       encode_then_decode(factor_codec_, flat_, sent_, work_);
+      if (config_.factor_blocks_by_column) transpose_parts(sent_, true);
     }
     mean_flat_.assign(flat_.size(), 0.0f);
     const auto res = factors_.mean(comm, flat_, in.contributes, mean_flat_, stream_seed(config_.seed, in.sync, salt));
+    if (config_.factor_blocks_by_column) transpose_parts(mean_flat_, true);
     if (salt == 10) layout_.scatter(mean_flat_, parts);
     return res.cost;
+  }
+
+  // Each part of flat (laid out by layout_, a (rows, cols_[i]) row-major factor) from
+  // row-major to column-major order, or back.
+  void transpose_parts(std::vector<float>& flat, bool back) {
+    for (std::size_t i = 0; i < layout_.size(); ++i) {
+      const std::size_t cols = cols_[i], len = layout_.length(i);
+      if (cols <= 1 || len == 0) continue;
+      const auto rows = static_cast<Eigen::Index>(len / cols), c = static_cast<Eigen::Index>(cols);
+      float* seg = flat.data() + layout_.offset(i);
+      transposed_.assign(seg, seg + len);
+      using ColMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+      if (back) Eigen::Map<RowMatrix>(seg, rows, c) = Eigen::Map<const ColMatrix>(transposed_.data(), rows, c);
+      else Eigen::Map<ColMatrix>(seg, rows, c) = Eigen::Map<const RowMatrix>(transposed_.data(), rows, c);
+    }
   }
 
   // e = x - P Q_sent^T, in place (no (m, n) copy of what was sent: for a 100B model's
@@ -333,14 +363,15 @@ class LowRankCompressor {
     small_layout_.gather(std::span(parts_).first(smalls_.size()), flat_);
     mean_flat_.assign(flat_.size(), 0.0f);
     r.cost += small_.mean(comm, flat_, in.contributes, mean_flat_, stream_seed(config_.seed, in.sync, 30)).cost;
+    if (config_.error_feedback && mine) {  // before the mean is written: it may overwrite x
+      sent_.resize(flat_.size());
+      encode_then_decode(small_codec_, flat_, sent_, work_);
+      for (std::size_t k = 0; k < smalls_.size(); ++k)
+        ef_[in.tensors[smalls_[k].j]].update(x_[smalls_[k].j], small_layout_.part(std::span<const float>(sent_), k),
+                                             config_.error_decay);
+    }
     for (std::size_t k = 0; k < smalls_.size(); ++k) parts_[k] = mean_out_[smalls_[k].j];
     small_layout_.scatter(mean_flat_, std::span(parts_).first(smalls_.size()));
-    if (!config_.error_feedback || !mine) return;
-    sent_.resize(flat_.size());
-    encode_then_decode(small_codec_, flat_, sent_, work_);
-    for (std::size_t k = 0; k < smalls_.size(); ++k)
-      ef_[in.tensors[smalls_[k].j]].update(x_[smalls_[k].j], small_layout_.part(std::span<const float>(sent_), k),
-                                           config_.error_decay);
   }
 
   static constexpr std::uint64_t probe_salt = 0x3c6ef372fe94f82bULL;
@@ -355,12 +386,13 @@ class LowRankCompressor {
   // This sync's working state.
   TensorSpans x_, mean_out_;
   std::vector<Part> mats_, smalls_;
-  std::vector<std::size_t> lengths_;
+  std::vector<std::size_t> lengths_, cols_;  // the parts of layout_: lengths, and columns of each factor
   FlatLayout layout_, small_layout_;
   std::vector<std::span<float>> parts_;    // views of the factors / tensors being reduced
   std::vector<std::vector<float>> z_;      // (matrices of the sync) (n, s) probe products, row-major
   RowMatrix g_, pg_;                       // (m, s) probe directions, (r, s) P^T G
   std::vector<float> flat_, mean_flat_, sent_;  // flat payload input, mean, what this replica sent
+  std::vector<float> transposed_;               // one factor, while transpose_parts reorders it
   std::vector<std::byte> work_;
 };
 
