@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "process_group_comm.hpp"
+#include "tensor_shape.hpp"
 
 namespace dilocox::torch_binding {
 
@@ -42,12 +43,9 @@ class LowRankHook {
     detail::require(o.min_compression_rate > 0, "lowrank_hook", "min_compression_rate must be > 0");
     detail::require(names.size() == shapes.size() && !names.empty(), "lowrank_hook", "no parameters");
     for (std::size_t i = 0; i < names.size(); ++i) {
-      Shape s;
       detail::require(shapes[i].size() <= max_ndim, "lowrank_hook",
                       "parameter '" + names[i] + "' has more than " + std::to_string(max_ndim) + " dimensions");
-      for (auto d : shapes[i]) s.dims[s.ndim++] = static_cast<std::size_t>(d);
-      if (s.ndim == 0) s = Shape{1};
-      specs_.push_back({names[i], s});
+      specs_.push_back({names[i], shape_of(shapes[i])});
     }
     compressor_.setup(specs_);
   }

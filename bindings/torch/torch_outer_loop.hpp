@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "process_group_comm.hpp"
+#include "tensor_shape.hpp"
 
 namespace dilocox::torch_binding {
 
@@ -44,9 +45,7 @@ class TorchOuterLoop {
       Param p{.param = params[i]};
       p.data_ptr = p.param.data_ptr();
       if (params[i].scalar_type() != at::kFloat) p.staged = at::empty(params[i].sizes(), at::kFloat);
-      Shape shape;
-      for (auto d : params[i].sizes()) shape.dims[shape.ndim++] = static_cast<std::size_t>(d);
-      if (shape.ndim == 0) shape = Shape{1};
+      const Shape shape = shape_of(params[i].sizes());
       tensors.push_back({names[i], shape, {p.host().data_ptr<float>(), shape.numel()}});
       params_.push_back(std::move(p));
     }
