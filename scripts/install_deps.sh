@@ -12,7 +12,10 @@
 #                                    of the reference BLAS no PyTorch user runs
 #   scripts/install_deps.sh --torch  also what the torch extension (bindings/torch) builds and
 #                                    tests with: libtorch, pybind11 and the same torch for Python
+#   scripts/install_deps.sh --sites  also what GlooCommunicator (comm/gloo.hpp) and its tests
+#                                    use: Gloo (TCP transport, Redis store), hiredis, redis-server
 #   scripts/install_deps.sh --print  lists the packages and exits
+# The options combine: scripts/install_deps.sh --torch --sites.
 # Does not install CUDA (optional; CMake detects nvcc).
 set -euo pipefail
 
@@ -25,6 +28,7 @@ packages=(
 )
 bench_packages=(python3-torch python3-numpy libopenblas0-pthread)
 torch_packages=(libtorch-dev pybind11-dev python3-torch)
+sites_packages=(libgloo-dev libhiredis-dev redis-server)
 
 # Which BLAS libblas.so.3 resolves to (the side-by-side scripts refuse the reference one).
 report_blas() {
@@ -33,13 +37,15 @@ report_blas() {
   echo "install_deps: libblas.so.3 -> $(readlink -f "/usr/lib/$triplet/libblas.so.3" 2>/dev/null || echo none)"
 }
 
-case "${1:-}" in
-  "") ;;
-  --bench) packages+=("${bench_packages[@]}"); trap report_blas EXIT ;;
-  --torch) packages+=("${torch_packages[@]}") ;;
-  --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}" "${torch_packages[@]}"; exit 0 ;;
-  *) echo "install_deps: unknown option '$1' (use --bench, --torch or --print)" >&2; exit 2 ;;
-esac
+for option in "$@"; do
+  case "$option" in
+    --bench) packages+=("${bench_packages[@]}"); trap report_blas EXIT ;;
+    --torch) packages+=("${torch_packages[@]}") ;;
+    --sites) packages+=("${sites_packages[@]}") ;;
+    --print) printf '%s\n' "${packages[@]}" "${bench_packages[@]}" "${torch_packages[@]}" "${sites_packages[@]}"; exit 0 ;;
+    *) echo "install_deps: unknown option '$option' (use --bench, --torch, --sites or --print)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

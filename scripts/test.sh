@@ -12,7 +12,7 @@
 # stage prints its ctest summary, and the script fails if any stage fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/install_deps.sh --torch
+scripts/install_deps.sh --torch --sites
 jobs=$(nproc)
 
 started=$SECONDS last=$SECONDS
@@ -34,7 +34,7 @@ ctest --no-tests=error --test-dir build -j "$jobs" --output-on-failure
 stage "ASan + UBSan build and unit tests"
 # (The convergence suite is not built here: it runs in stage 1 and is minutes of arithmetic.)
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=address,undefined -DDILOCOX_NATIVE=OFF \
-  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF \
+  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_GLOO=OFF -DDILOCOX_WITH_CUDA=OFF \
   -DDILOCOX_BUILD_CONVERGENCE=OFF >/dev/null
 cmake --build build-asan -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -42,7 +42,7 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 
 stage "TSan build and threaded tests"
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDILOCOX_SANITIZE=thread -DDILOCOX_NATIVE=OFF \
-  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF >/dev/null
+  -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_GLOO=OFF -DDILOCOX_WITH_CUDA=OFF >/dev/null
 # Every executable with `threads`-labelled tests: one left out would not run, silently.
 cmake --build build-tsan -j "$jobs" --target test_comm test_reduce test_diloco test_sparse test_fragments test_adagc
 # The known-answer convergence test runs 300 rounds of Eigen GEMMs (minutes under TSan);
@@ -54,7 +54,7 @@ if command -v clang++ >/dev/null 2>&1; then
   stage "libFuzzer: wire decoder, ${DILOCOX_FUZZ_SECONDS:-60} s"
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER=clang++ \
     -DDILOCOX_BUILD_TESTS=OFF -DDILOCOX_BUILD_BENCH=OFF -DDILOCOX_BUILD_EXAMPLES=OFF \
-    -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_CUDA=OFF -DDILOCOX_WITH_TORCH=OFF -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
+    -DDILOCOX_WITH_MPI=OFF -DDILOCOX_WITH_GLOO=OFF -DDILOCOX_WITH_CUDA=OFF -DDILOCOX_WITH_TORCH=OFF -DDILOCOX_BUILD_FUZZ=ON -DDILOCOX_FUZZ_SECONDS="${DILOCOX_FUZZ_SECONDS:-60}" >/dev/null
   cmake --build build-fuzz -j "$jobs"
   ctest --no-tests=error --test-dir build-fuzz -L fuzz --output-on-failure
 else
