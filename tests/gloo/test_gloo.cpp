@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "dilocox/comm/gloo.hpp"
+#include "dilocox/comm/throttled.hpp"
 
 namespace {
 
@@ -219,6 +220,22 @@ TEST_F(GlooRanks, AfterATimeoutEveryOperationFailsAtOnce) {
         return 0;
       },
       milliseconds(1000));
+  for (const auto& e : exits) EXPECT_EQ(e.code, 0);
+}
+
+TEST_F(GlooRanks, AThrottledLinkWrapsGloo) {
+  const auto exits = run(2, [](int rank, int size, const dx::GlooOptions& o) {
+    dx::GlooCommunicator c(rank, size, o);
+    dx::ThrottledLink<dx::GlooCommunicator> wan(c, {.bits_per_second = 80e6, .latency_seconds = 0.0});
+    std::vector<float> x(250'000, 1.0f);  // 1 MB: a ring allreduce puts 1 MB on the wire at K = 2
+    const auto t0 = Clock::now();
+    wan.allreduce_sum(x);
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    for (float v : x) CHECK_OR_FAIL(v == 2.0f);
+    CHECK_OR_FAIL(wan.stats().wire_bytes == 1'000'000);
+    CHECK_OR_FAIL(seconds >= 0.1);  // 8e6 bits at 80 Mbit/s
+    return 0;
+  });
   for (const auto& e : exits) EXPECT_EQ(e.code, 0);
 }
 
