@@ -10,8 +10,6 @@
 #include <dilocox/diloco.hpp>
 
 #include <algorithm>
-#include <cctype>
-#include <cstring>
 #include <deque>
 #include <optional>
 #include <string>
@@ -64,31 +62,6 @@ inline AnyCompressor make_compressor(const SyncMode& m, const SyncOptions& o) {
   return dilocox::make_compressor(m, knobs_of(m, o));
 }
 
-// A message of check_loop_choices() with each LoopChoices name written as its flag
-// ("local_steps" -> "--local-steps").
-inline std::string as_flags(std::string what) {
-  static const char* const names[] = {"max_local_steps", "local_steps", "overlap_steps", "fragments", "rebase"};
-  std::string out;
-  for (std::size_t i = 0; i < what.size();) {
-    const char* hit = nullptr;
-    const bool word_start = i == 0 || !(std::isalnum(static_cast<unsigned char>(what[i - 1])) || what[i - 1] == '_');
-    for (const char* n : names)
-      if (word_start && what.compare(i, std::strlen(n), n) == 0) {
-        hit = n;
-        break;
-      }
-    if (!hit) {
-      out += what[i++];
-      continue;
-    }
-    std::string flag = std::string("--") + hit;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    out += flag;
-    i += std::strlen(hit);
-  }
-  return out;
-}
-
 // Throws Error naming the flag when the options do not suit the mode.
 inline void validate(const SyncMode& m, const SyncOptions& o) {
   const Knob* bits = m.knob("bits");
@@ -99,11 +72,9 @@ inline void validate(const SyncMode& m, const SyncOptions& o) {
   }
   dilocox::detail::require(o.max_rank >= o.rank, "--max-rank",
                   std::to_string(o.max_rank) + " is below --rank " + std::to_string(o.rank));
-  try {
-    check_loop_choices(m, o);
-  } catch (const Error& e) {
-    throw Error(as_flags(e.what()));
-  }
+  check_loop_choices(m, o,
+                     {.local_steps = "--local-steps", .max_local_steps = "--max-local-steps", .fragments = "--fragments",
+                      .overlap_steps = "--overlap-steps", .rebase = "--rebase"});
 }
 
 // The OuterLoop settings of a mode with these options.

@@ -13,10 +13,12 @@ wait_gone() {
   for ((i = 0; i < $2 * 20; i++)); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.05; done
   return 1
 }
+# ranks MPIRUN_PID: mpirun's children, the processes of its ranks.
+ranks() { pgrep -P "$1" || true; }
 # rank_pid MPIRUN_PID RANK: the pid of that world rank among mpirun's children.
 rank_pid() {
   local p
-  for p in $(pgrep -P "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
+  for p in $(ranks "$1"); do grep -qz "^OMPI_COMM_WORLD_RANK=$2\$" "/proc/$p/environ" 2>/dev/null && echo "$p"; done
   return 0
 }
 # wait_handlers MPIRUN_PID N SIGNAL SECONDS: until N of mpirun's children catch SIGNAL (a
@@ -26,7 +28,7 @@ wait_handlers() {
   local i p mask caught
   for ((i = 0; i < $4 * 20; i++)); do
     caught=0
-    for p in $(pgrep -P "$1"); do
+    for p in $(ranks "$1"); do
       mask=$(sed -n 's/^SigCgt:\s*//p' "/proc/$p/status" 2>/dev/null || true)
       [[ -n $mask ]] && (((0x$mask >> ($3 - 1)) & 1)) && caught=$((caught + 1))
     done

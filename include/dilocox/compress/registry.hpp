@@ -181,27 +181,36 @@ struct LoopChoices {
   MomentumStorage momentum_storage = OuterLoopConfig{}.momentum_storage;
 };
 
+// How check_loop_choices() names the settings in its messages: the fields' names by
+// default; a command line passes its flags.
+struct LoopChoiceNames {
+  std::string local_steps = "local_steps", max_local_steps = "max_local_steps", fragments = "fragments",
+              overlap_steps = "overlap_steps", rebase = "rebase";
+};
+
 // Error naming the setting when `c` does not suit method `m`.
-inline void check_loop_choices(const Method& m, const LoopChoices& c) {
-  detail::require(c.local_steps >= 1, "local_steps", "must be >= 1, got " + std::to_string(c.local_steps));
-  detail::require(c.max_local_steps >= c.local_steps, "max_local_steps",
-                  std::to_string(c.max_local_steps) + " is below local_steps " + std::to_string(c.local_steps));
-  detail::require(c.fragments >= 1, "fragments", "must be >= 1, got " + std::to_string(c.fragments));
+inline void check_loop_choices(const Method& m, const LoopChoices& c, const LoopChoiceNames& n = {}) {
+  detail::require(c.local_steps >= 1, n.local_steps.c_str(), "must be >= 1, got " + std::to_string(c.local_steps));
+  detail::require(c.max_local_steps >= c.local_steps, n.max_local_steps.c_str(),
+                  std::to_string(c.max_local_steps) + " is below " + n.local_steps + " " +
+                      std::to_string(c.local_steps));
+  detail::require(c.fragments >= 1, n.fragments.c_str(), "must be >= 1, got " + std::to_string(c.fragments));
   const int tau = c.overlap.value_or(m.overlap) ? c.overlap_steps.value_or(m.overlap_steps) : 0;
   if (tau <= 0 || m.per_step) return;
-  detail::require(!c.rebase || *c.rebase == Rebase::mix || *c.rebase == Rebase::overwrite, "rebase",
-                  "overlap_steps " + std::to_string(tau) + " merges as Streaming DiLoCo: mix or overwrite");
-  detail::require(c.local_steps >= (tau + 1) * c.fragments, "overlap_steps",
-                  std::to_string(tau) + " needs local_steps >= (overlap steps + 1) x fragments = " +
-                      std::to_string((tau + 1) * c.fragments));
+  detail::require(!c.rebase || *c.rebase == Rebase::mix || *c.rebase == Rebase::overwrite, n.rebase.c_str(),
+                  n.overlap_steps + " " + std::to_string(tau) + " merges as Streaming DiLoCo: mix or overwrite");
+  detail::require(c.local_steps >= (tau + 1) * c.fragments, n.overlap_steps.c_str(),
+                  std::to_string(tau) + " needs " + n.local_steps + " >= (overlap steps + 1) x " + n.fragments +
+                      " = " + std::to_string((tau + 1) * c.fragments));
 }
 
 // The OuterLoop settings of method `m` with choices `c`, for its compressor `comp`.
 inline OuterLoopConfig outer_loop_config(const Method& m, const LoopChoices& c, const AnyCompressor& comp) {
+  check_loop_choices(m, c);
   OuterLoopConfig cfg;
   cfg.local_steps = c.local_steps;
   cfg.min_local_steps = std::min(cfg.min_local_steps, c.local_steps);
-  cfg.max_local_steps = std::max(c.max_local_steps, c.local_steps);
+  cfg.max_local_steps = c.max_local_steps;
   const bool overlap = c.overlap.value_or(m.overlap);
   const int tau = overlap ? c.overlap_steps.value_or(m.overlap_steps) : 0;
   cfg.overlap = overlap && tau == 0;
