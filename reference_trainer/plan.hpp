@@ -135,11 +135,12 @@ inline std::vector<std::vector<TensorSpec>> stage_shards(const GptConfig& model,
   return parts;
 }
 
-// The options a mode runs with in this plan: the user's, with --bits only for the chosen mode.
+// The options a mode runs with in this plan: the user's, with --bits and --knob only for
+// the chosen mode.
 inline SyncOptions options_for(const PlanInput& in, const SyncMode& m) {
   SyncOptions o = in.sync;
   o.mode = m.name;
-  if (m.name != in.sync.mode) o.bits = 0;
+  if (m.name != in.sync.mode) o.bits = 0, o.knobs.clear();
   return o;
 }
 

@@ -65,6 +65,13 @@ inline int bits_in_effect(const TrainOptions& o) {
     }
   return o.bits;
 }
+inline std::string knobs_in_effect(const TrainOptions& o) {
+  auto k = o.knobs;
+  std::sort(k.begin(), k.end());
+  std::string s;
+  for (const auto& v : k) s += (s.empty() ? "" : " ") + v;
+  return s.empty() ? "none" : s;
+}
 inline bool overlap_in_effect(const TrainOptions& o) {
   for (const auto& m : sync_modes())
     if (m.name == o.sync) return o.overlap_given ? o.overlap : m.overlap;
@@ -115,6 +122,7 @@ inline std::vector<FlagRow> outcome_flag_rows() {
        [](O o) { return when(detail::outer_loop(o) && o.sync == "dilocox" && !o.no_adaptive, std::to_string(o.max_rank)); }},
       {"--no-adaptive", outcome,
        [](O o) { return when(detail::outer_loop(o) && o.sync == "dilocox", o.no_adaptive ? "yes" : "no"); }},
+      {"--knob", outcome, [](O o) { return when(detail::outer_loop(o), detail::knobs_in_effect(o)); }},
       {"--local-steps", outcome, [](O o) { return when(detail::outer_loop(o), std::to_string(o.local_steps)); }},
       {"--max-local-steps", outcome, [](O o) { return when(detail::outer_loop(o), std::to_string(o.max_local_steps)); }},
       {"--overlap", outcome,

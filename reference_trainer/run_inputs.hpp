@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -94,6 +96,22 @@ inline TrainShape resolve_shape(const TrainOptions& o, int data_vocab, int world
   return s;
 }
 
+// --knob NAME=VALUE flags -> knob values (each name once, each value a finite number).
+inline KnobValues parse_knobs(const std::vector<std::string>& flags) {
+  KnobValues k;
+  for (const auto& f : flags) {
+    const auto eq = f.find('=');
+    if (eq == std::string::npos || eq == 0) throw UsageError("--knob '" + f + "': expected NAME=VALUE");
+    const std::string name = f.substr(0, eq), text = f.substr(eq + 1);
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(v))
+      throw UsageError("--knob '" + f + "': '" + text + "' is not a finite number");
+    if (!k.emplace(name, v).second) throw UsageError("--knob " + name + " given twice");
+  }
+  return k;
+}
+
 inline SyncOptions resolve_sync(const TrainOptions& o) {
   SyncOptions s;
   s.mode = o.sync;
@@ -104,6 +122,7 @@ inline SyncOptions resolve_sync(const TrainOptions& o) {
   s.max_local_steps = o.max_local_steps;
   if (o.overlap_given) s.overlap = o.overlap;
   s.adaptive = !o.no_adaptive;
+  s.knobs = parse_knobs(o.knobs);
   s.fragments = o.fragments;
   if (!o.rebase.empty())
     s.rebase = o.rebase == "keep"        ? dilocox::Rebase::keep

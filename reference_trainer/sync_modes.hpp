@@ -13,6 +13,7 @@
 #include <deque>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dilocox::trainer {
@@ -30,6 +31,7 @@ struct SyncOptions : LoopChoices {
   int rank = LowRankCompressorConfig{}.rank;        // dilocox: initial rank r0 (the library's default)
   int max_rank = AdaptiveConfig{}.r_max;            // dilocox adaptive: r_max (the library's default)
   bool adaptive = true;          // dilocox: adaptive rank and H
+  KnobValues knobs;              // --knob NAME=VALUE: any other knob of the mode (registry names)
   double step_seconds = 0;       // modelled seconds per inner step (overlap floor of H); 0: none
   LinkConfig link{1e9, 0.0};
 };
@@ -46,10 +48,10 @@ inline const SyncMode& sync_mode(const std::string& name) {
   throw Error("unknown --sync '" + name + "' (" + sync_mode_names() + ")");
 }
 
-// The knobs these options set for mode m: --bits when given, and the rank flags where
-// the mode has them.
+// The knobs these options set for mode m: --knob's, --bits when given, and the rank
+// flags where the mode has them.
 inline KnobValues knobs_of(const SyncMode& m, const SyncOptions& o) {
-  KnobValues k;
+  KnobValues k = o.knobs;
   if (o.bits) k["bits"] = o.bits;
   if (m.knob("rank")) k["rank"] = o.rank;
   if (m.knob("max_rank")) k["max_rank"] = std::max(o.max_rank, o.rank);
@@ -62,6 +64,10 @@ inline AnyCompressor make_compressor(const SyncMode& m, const SyncOptions& o) {
   return dilocox::make_compressor(m, knobs_of(m, o));
 }
 
+// The knobs set by flags of their own (knobs_of), which --knob does not take.
+inline constexpr std::pair<const char*, const char*> knob_flags[] = {
+    {"bits", "--bits"}, {"rank", "--rank"}, {"max_rank", "--max-rank"}, {"adaptive", "--no-adaptive"}};
+
 // Throws Error naming the flag when the options do not suit the mode.
 inline void validate(const SyncMode& m, const SyncOptions& o) {
   const Knob* bits = m.knob("bits");
@@ -72,6 +78,13 @@ inline void validate(const SyncMode& m, const SyncOptions& o) {
   }
   dilocox::detail::require(o.max_rank >= o.rank, "--max-rank",
                   std::to_string(o.max_rank) + " is below --rank " + std::to_string(o.rank));
+  for (const auto& [knob, flag] : knob_flags)
+    dilocox::detail::require(!o.knobs.contains(knob), "--knob", std::string(knob) + " has its own flag, " + flag);
+  try {
+    check_knobs(m, knobs_of(m, o));
+  } catch (const Error& e) {
+    throw Error(std::string("--knob: ") + e.what());
+  }
   check_loop_choices(m, o,
                      {.local_steps = "--local-steps", .max_local_steps = "--max-local-steps", .fragments = "--fragments",
                       .overlap_steps = "--overlap-steps", .rebase = "--rebase"});

@@ -70,6 +70,7 @@ struct TrainOptions {
   bool overlap = true;              // --overlap / --no-overlap (when given; else the mode's default)
   bool overlap_given = false;
   bool no_adaptive = false;
+  std::vector<std::string> knobs;   // --knob NAME=VALUE, repeatable: the mode's other knobs
   int fragments = SyncOptions{}.fragments;
   std::string rebase;               // "": the mode's
   int overlap_steps = -1;           // < 0: the mode's tau
@@ -261,6 +262,10 @@ inline CLI::Option* define_cluster_flags(CLI::App& app, TrainOptions& o) {
                                "one-step-delay overlap of each sync with the next round's compute (default: the mode's)")
                       ->group(g);
   app.add_flag("--no-adaptive", o.no_adaptive, "dilocox: fixed rank and H")->group(g);
+  app.add_option("--knob", o.knobs,
+                 "NAME=VALUE, repeatable: another knob of the --sync mode, e.g. k=32 or error_decay=0.9 "
+                 "(sparseloco); an unknown name is refused with the mode's list")
+      ->take_all()->group(g);
   app.add_option("--fragments", o.fragments, "streaming: F fragments, synced in turn through each round")
       ->capture_default_str()->check(CLI::Range(1, 4096))->group(g);
   app.add_option("--rebase", o.rebase,

@@ -62,6 +62,12 @@ refusals)  # item 6 and 4: bad numbers, faults, links and folders refused at onc
   expect_refusal 2 'collective-timeout' "$train" "${b[@]}" --collective-timeout 0
   expect_refusal 2 'max-nonfinite-steps' "$train" "${b[@]}" --max-nonfinite-steps 0
   expect_refusal 2 'checkpoint-minutes' "$train" "${b[@]}" --checkpoint-minutes -1
+  expect_refusal 2 "--knob 'k': expected NAME=VALUE" "$train" "${b[@]}" --knob k
+  expect_refusal 2 "'abc' is not a finite number" "$train" "${b[@]}" --knob error_decay=abc
+  expect_refusal 2 "--knob: dilocox: has no knob 'k' (its knobs: " "$train" "${b[@]}" --knob k=32
+  expect_refusal 2 '--knob: bits has its own flag, --bits' "$train" "${b[@]}" --knob bits=8
+  expect_refusal 2 '--knob k given twice' "$train" "${b[@]}" --sync sparseloco --knob k=16 --knob k=32
+  expect_refusal 2 'error_feedback 2 is not one of 0, 1' "$train" "${b[@]}" --knob error_feedback=2
   # item 4: an unusable --checkpoint-dir is found before the first step, not at the first save
   touch afile
   expect_refusal 2 'afile/x: cannot create' "$train" "${tiny[@]}" --tokens 100000000 --checkpoint-dir afile/x --metrics m.jsonl
@@ -113,7 +119,8 @@ resume_refusals)  # item 5: --resume refuses another layout, model or outcome fl
   "${mpi[@]}" -n 2 "$train" "${two[@]}" --checkpoint-dir ck2 --stop-after 4 >/dev/null
   for change in "--bits 8:--bits: 4 in the checkpoint, 8 now" "--local-steps 4:--local-steps: 3 in the checkpoint, 4 now" \
                 "--no-overlap:--overlap: on in the checkpoint, off" "--rank 16:--rank: 8 in the checkpoint, 16 now" \
-                "--rank 4:--rank: 8 in the checkpoint, 4 now" "--sync diloco:--sync: dilocox in the checkpoint, diloco now"; do
+                "--rank 4:--rank: 8 in the checkpoint, 4 now" "--sync diloco:--sync: dilocox in the checkpoint, diloco now" \
+                "--knob error_decay=0.9:--knob: none in the checkpoint, error_decay=0.9 now"; do
     read -r -a flag <<<"${change%%:*}"
     expect_refusal 2 "${change#*:}" "${mpi[@]}" -n 2 "$train" "${two[@]}" "${flag[@]}" --checkpoint-dir ck2 --resume
   done
