@@ -3,7 +3,8 @@
 dilocox-train tuned on one seed with the same budget of runs, then run on held-out seeds at
 the chosen setting, at several byte budgets, at 4 clusters, and timed on two emulated links.
 Each run's summary is kept as OUT/runs/NAME.json; a run whose file exists is skipped, so an
-interrupted study resumes where it stopped. scripts/frontier_report.py summarises OUT.
+interrupted study resumes where it stopped. At the end scripts/frontier_report.py summarises
+OUT (report.md, frontier.png).
 
   frontier.py [--quick] [--out DIR] [--train BIN] [--data-dir DIR] [--stages tune,heldout,frontier,k4,throughput]
 """
@@ -13,6 +14,8 @@ import os
 import subprocess
 import sys
 import time
+
+import frontier_report
 
 # The study's settings. FULL is the study; QUICK the same script end to end in minutes.
 FULL = {
@@ -192,6 +195,7 @@ def main():
             sys.exit(f"frontier: unknown stage '{stage}' (tune, heldout, frontier, k4, throughput)")
         getattr(study, stage)()
     print(f"frontier: {study.ran} run(s) made, {study.skipped} kept from before, in {args.out}/runs")
+    frontier_report.report(args.out)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,7 @@ def spread(rs):
     return statistics.median(ls), min(ls), max(ls)
 
 
-def tuning_table(study, runs):
+def tuning_table(runs):
     out = ["| method | setting (on its flags) | final eval loss, tuning seed |", "|---|---|---:|"]
     for r in runs:
         if r["stage"] == "tune":
@@ -163,10 +163,7 @@ def plot(out, pts, allreduce_loss):
     subprocess.run(["gnuplot", "-e", script], check=True)
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: frontier_report.py OUT (the folder frontier.py wrote)")
-    out = sys.argv[1]
+def report(out):
     study, runs = load(out)
     pts = frontier_points(runs)
     ar = [p for p in pts if p[0] == "allreduce"]
@@ -177,7 +174,7 @@ def main():
     lines = [f"# Study{' (quick)' if study['quick'] else ''}: {len(runs)} runs",
              "", f"Model flags {' '.join(c['model'])}, {c['clusters']} clusters, batch {c['batch']} x {c['seq_len']} "
              f"per cluster, {c['tokens']:,} tokens per run, tuning seed {c['tune_seed']}, held-out seeds "
-             f"{', '.join(map(str, c['seeds']))}.", "", "## Tuning", ""] + tuning_table(study, runs)
+             f"{', '.join(map(str, c['seeds']))}.", "", "## Tuning", ""] + tuning_table(runs)
     lines += ["", "## Frontier (held-out seeds; 'chosen' is the tuned setting)", ""]
     lines += frontier_table(pts, allreduce_bytes)
     lines += ["", "## Best method at each byte budget", ""] + best_table(pts)
@@ -188,6 +185,12 @@ def main():
         f.write("\n".join(lines) + "\n")
     plot(out, pts, allreduce_loss)
     print(f"frontier_report: {os.path.join(out, 'report.md')} ({len(runs)} runs)")
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: frontier_report.py OUT (the folder frontier.py wrote)")
+    report(sys.argv[1])
 
 
 if __name__ == "__main__":
