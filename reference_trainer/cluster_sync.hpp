@@ -1,15 +1,17 @@
 // reference_trainer/cluster_sync.hpp: what one rank (k, s) does across clusters, over
-// the `stage` communicator (the K replicas of stage s) wrapped in an emulated WAN
-// (ThrottledLink): AllReduce averages the gradient every step (fp32, the baseline);
+// its peers' data channel (the K replicas of stage s: peer_comms.hpp) wrapped in an
+// emulated WAN (ThrottledLink): AllReduce averages the gradient every step (fp32, the baseline);
 // every other mode runs the library's OuterLoop on the stage's parameters with that
 // mode's compressor, stepped after every inner step. Also the accounting the summary
 // reports. Not here: which modes exist (the library's registry, via sync_modes.hpp).
 #pragma once
 
 #include "model/stage_model.hpp"
+#include "peer_comms.hpp"
 #include "sync_modes.hpp"
 
 #include <dilocox/checksum.hpp>
+#include <dilocox/comm/any.hpp>
 #include <dilocox/comm/mpi.hpp>
 #include <dilocox/comm/throttled.hpp>
 #include <dilocox/diloco.hpp>
@@ -18,6 +20,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -28,11 +31,11 @@
 
 namespace dilocox::trainer {
 
-using WanLink = ThrottledLink<MpiCommunicator>;
+using WanLink = ThrottledLink<AnyCommunicator>;
 
 class ClusterSync {
  public:
-  // stage_comm: the K replicas of this stage (rank = replica), for this rank's shard.
+  // peers: the K replicas of this stage (rank = replica), for this rank's shard.
   // data_parallel: the D ranks of this stage in this cluster (MPI_COMM_NULL: D = 1); the
   // stage's tensors are split over them (dilocox/shard.hpp) and each runs the outer loop
   // on its own. sync_tied: whether this stage's copy of the tied embedding takes part
@@ -40,10 +43,9 @@ class ClusterSync {
   // load_state() follows (replicas' phi may differ).
   // uplink: the site's link, which the stage's bytes share with the site's other stages
   // (and shards); stages: how many share it, for the outer loop's modelled sync time.
-  ClusterSync(const SyncOptions& o, MPI_Comm stage_comm, MPI_Comm data_parallel, StageModel& model, bool sync_tied,
+  ClusterSync(const SyncOptions& o, PeerComms& peers, MPI_Comm data_parallel, StageModel& model, bool sync_tied,
               bool resuming, SharedUplink& uplink, int stages)
-      : mode_(&sync_mode(o.mode)), mpi_(stage_comm), control_(stage_comm), link_(mpi_, o.link, &uplink),
-        model_(&model) {
+      : mode_(&sync_mode(o.mode)), control_(&peers.control()), link_(peers.data(), o.link, &uplink), model_(&model) {
     if (data_parallel != MPI_COMM_NULL) group_.emplace(data_parallel);
     std::vector<TensorSpec> specs;
     for (const auto& t : model.tensors()) {
@@ -103,8 +105,8 @@ class ClusterSync {
   // results. Returns the number of contributors (0: nobody had a finite gradient; grads
   // untouched).
   int average_gradients(std::span<float> grads, bool finite) {
-    int good = finite ? 1 : 0;
-    MPI_Allreduce(MPI_IN_PLACE, &good, 1, MPI_INT, MPI_SUM, control_.comm());
+    int good = 0;
+    for (int f : gather_values(*control_, finite ? 1 : 0)) good += f;
     if (good == 0) return 0;
     if (!finite) std::fill(grads.begin(), grads.end(), 0.0f);
     const int d = group_size(), me = group_rank();
@@ -169,9 +171,8 @@ class ClusterSync {
       model_->pull_params();
       h = checksum64(std::as_bytes(std::span<const float>(model_->params())));
     }
-    std::uint64_t v[2] = {h, ~h};  // min of ~h = ~(max of h): one reduction gives both ends
-    MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, control_.comm());
-    return v[0] == ~v[1];
+    const auto all = gather_values(*control_, h);
+    return std::all_of(all.begin(), all.end(), [&](std::uint64_t x) { return x == h; });
   }
 
   // The outer loop's state and this object's counters, for checkpoints.
@@ -211,15 +212,6 @@ class ClusterSync {
   double link_seconds() const { return link_.stats().link_seconds; }
 
  private:
-  // An unthrottled duplicate of the stage communicator for control messages (never the
-  // OuterLoop's, whose reductions run on a background thread).
-  struct Control {
-    explicit Control(MPI_Comm c) { MPI_Comm_dup(c, &comm_); }
-    ~Control() { MPI_Comm_free(&comm_); }
-    MPI_Comm comm() const { return comm_; }
-    MPI_Comm comm_;
-  };
-
   int group_size() const { return group_ ? group_->size() : 1; }
   int group_rank() const { return group_ ? group_->rank() : 0; }
   // The group's tensors that `owned` (indices into synced_, this rank's) name reach every
@@ -247,8 +239,7 @@ class ClusterSync {
   }
 
   const SyncMode* mode_;
-  MpiCommunicator mpi_;
-  Control control_;
+  AnyCommunicator* control_;  // the peers' unthrottled control channel
   WanLink link_;
   StageModel* model_;
   std::optional<OuterLoop<WanLink>> loop_;

@@ -13,12 +13,14 @@
 #include "metrics_file.hpp"
 #include "progress.hpp"
 #include "pseudo_gradient_dump.hpp"
+#include "peer_comms.hpp"
 #include "rank_comms.hpp"
 #include "run_inputs.hpp"
 #include "site_uplink.hpp"
 #include "stage_trainer.hpp"
 #include "train_options.hpp"
 #include "watchdog.hpp"
+#include "world.hpp"
 
 #include <mpi.h>
 #include <nlohmann/json.hpp>
@@ -42,9 +44,9 @@ struct StepFlags {
 
 class Run {
  public:
-  Run(const TrainOptions& o, MPI_Comm world, Watchdog* watchdog) : o_(o), world_(world), watchdog_(watchdog) {
-    MPI_Comm_rank(world_, &rank_);
-    MPI_Comm_size(world_, &world_size_);
+  Run(const TrainOptions& o, World& world, Watchdog* watchdog) : o_(o), world_(world), watchdog_(watchdog) {
+    rank_ = world_.rank();
+    world_size_ = world_.size();
     layout_ = layout_of(o_);
     const RankCoord c = layout_.coord(rank_);
     replica_ = c.cluster, dp_rank_ = c.dp, stage_ = c.stage;
@@ -69,6 +71,7 @@ class Run {
   }
 
   void build();
+  std::unique_ptr<PeerComms> make_peers();
   void load(std::int64_t start);
   bool stopped_before_training();
   bool room_for_checkpoints();
@@ -91,7 +94,7 @@ class Run {
   void sync_event(const dilocox::SyncStats& rs);
 
   TrainOptions o_;
-  MPI_Comm world_;
+  World& world_;
   Watchdog* watchdog_;
   RankLayout layout_;
   int rank_ = 0, world_size_ = 1, replica_ = 0, dp_rank_ = 0, stage_ = 0;
@@ -115,6 +118,7 @@ class Run {
   std::unique_ptr<StageLink> link_;
   std::unique_ptr<StageTrainer> trainer_;
   std::unique_ptr<SiteUplink> uplink_;  // the site's link, shared by its ranks (outlives sync_)
+  std::unique_ptr<PeerComms> peers_;    // this rank's channels to the other clusters (outlives sync_)
   std::optional<ClusterSync> sync_;
   std::optional<PseudoGradientDump> dump_;
   std::uint64_t dump_index_ = 0;

@@ -1,6 +1,6 @@
 // reference_trainer/run_agreement.hpp: one collective before any work. Every rank checks
 // its own inputs (flags, data, checkpoint folder, checkpoints) and catches what fails;
-// then all exchange one report each (JSON, length-prefixed, MPI_Allgatherv) and reach
+// then all exchange one report each (JSON, over the run's world: world.hpp) and reach
 // the same verdict from the same reports: go, or stop with one exit code and the lines
 // rank 0 prints, each naming the rank (stage, replica) whose input failed and quoting
 // its own message. A rank that never arrives is the watchdog's (watchdog.hpp).
@@ -10,8 +10,8 @@
 #pragma once
 
 #include "run_fingerprint.hpp"
+#include "world.hpp"
 
-#include <mpi.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -27,25 +27,10 @@ struct Verdict {
   std::vector<std::string> lines;   // for rank 0's stderr, without the "dilocox-train: " prefix
 };
 
-// Every rank's report, in rank order, on every rank.
-inline std::vector<nlohmann::json> gather_reports(MPI_Comm world, const nlohmann::json& mine) {
-  int size = 1;
-  MPI_Comm_size(world, &size);
-  const std::string text = mine.dump();
-  const int len = static_cast<int>(text.size());
-  std::vector<int> lens(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
-  MPI_Allgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, world);
-  int total = 0;
-  for (int r = 0; r < size; ++r) {
-    offsets[static_cast<std::size_t>(r)] = total;
-    total += lens[static_cast<std::size_t>(r)];
-  }
-  std::string all(static_cast<std::size_t>(total), '\0');
-  MPI_Allgatherv(text.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(), MPI_CHAR, world);
+// Every rank's report, in world rank order, on every rank.
+inline std::vector<nlohmann::json> gather_reports(World& world, const nlohmann::json& mine) {
   std::vector<nlohmann::json> out;
-  for (int r = 0; r < size; ++r)
-    out.push_back(nlohmann::json::parse(all.substr(static_cast<std::size_t>(offsets[static_cast<std::size_t>(r)]),
-                                                   static_cast<std::size_t>(lens[static_cast<std::size_t>(r)]))));
+  for (const auto& text : world.allgather(mine.dump())) out.push_back(nlohmann::json::parse(text));
   return out;
 }
 

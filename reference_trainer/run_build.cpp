@@ -22,13 +22,13 @@ void Run::build() {
   const int S = shape_.stages;
   if (shape_.backend.device == Device::cuda) {  // one GPU per rank: the node-local rank's, unless --gpu
     MPI_Comm node;
-    MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+    MPI_Comm_split_type(world_.job(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
     int local = 0;
     MPI_Comm_rank(node, &local);
     MPI_Comm_free(&node);
     shape_.backend.gpu = o_.gpu >= 0 ? o_.gpu : local;
   }
-  comms_ = std::make_unique<RankComms>(world_, layout_, rank_);
+  comms_ = std::make_unique<RankComms>(world_.job(), layout_, rank_);
   cluster_ = comms_->pipeline();
   const MPI_Comm data_parallel = layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL;
   const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
@@ -44,16 +44,28 @@ void Run::build() {
   wte_ = model.tied_embedding();
   if (o_.clusters > 1) {
     uplink_ = std::make_unique<SiteUplink>(comms_->site());
-    if (uplink_->spans_hosts() && rank_ == 0)
+    if (uplink_->spans_hosts() && world_.speaks())
       std::fprintf(stderr, "dilocox-train: note: a cluster spans hosts; its --wan-bandwidth is shared by the ranks "
                            "of each host (%d here), not of the whole cluster\n", uplink_->sharers());
-    sync_.emplace(sync_opts_, comms_->clusters(), data_parallel, model, /*sync_tied=*/stage_ == 0,
+    peers_ = make_peers();
+    sync_.emplace(sync_opts_, *peers_, data_parallel, model, /*sync_tied=*/stage_ == 0,
                   /*resuming=*/step_ > 0, *uplink_->uplink(), S);
     if (sync_->per_step())
       trainer_->set_gradient_hook([this](std::span<float> g, bool finite) { return sync_->average_gradients(g, finite); });
   }
   rounds_ = sync_ && !sync_->per_step();
   if (!o_.dump_pseudo_gradients.empty() && replica_ == 0) dump_.emplace(o_.dump_pseudo_gradients, stage_);
+}
+
+// This rank's channels to its peers in the other clusters: MPI when one job holds every
+// cluster, Gloo groups between the sites' jobs.
+std::unique_ptr<PeerComms> Run::make_peers() {
+  if (world_.one_job()) return std::make_unique<PeerComms>(comms_->clusters());
+#ifdef DILOCOX_TRAINER_GLOO
+  return std::make_unique<PeerComms>(site_gloo(o_), layout_.peers_of(layout_.coord(rank_)), replica_, o_.clusters);
+#else
+  throw dilocox::Error("internal: a site's world without Gloo");
+#endif
 }
 
 // Loads the agreed step's checkpoint (read again when this rank's newest is another) and
@@ -101,11 +113,11 @@ void Run::write_metrics(const json& line) {
 // it before the first step and the run ends with exit 0, nothing saved.
 bool Run::stopped_before_training() {
   int sig = pending_stop_signal();
-  MPI_Allreduce(MPI_IN_PLACE, &sig, 1, MPI_INT, MPI_MAX, world_);
+  sig = world_.reduce(sig, ReduceOp::max);
   if (sig == 0) return false;
   interrupted_ = true;
   stop_signal_ = sig;
-  if (rank_ == 0)
+  if (world_.speaks())
     progress_->warn("dilocox-train: " + signal_name(sig) + " during start-up: stopped before step " +
                     std::to_string(step_ + 1) + ", nothing trained" +
                     (step_ > 0 ? ", the checkpoints are as they were" : ""));
@@ -127,26 +139,23 @@ bool Run::room_for_checkpoints() {
   }
   double need = std::max(0.0, 3 * bytes - held);
   MPI_Comm node;
-  MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
+  MPI_Comm_split_type(world_.job(), MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node);
   int ranks_here = 1;
   MPI_Comm_size(node, &ranks_here);
   MPI_Allreduce(MPI_IN_PLACE, &need, 1, MPI_DOUBLE, MPI_SUM, node);
   MPI_Comm_free(&node);
   const double room = static_cast<double>(free_bytes(o_.checkpoint_dir));
-  struct {
-    double shortfall;
-    int rank;
-  } worst{std::max(0.0, need - room), rank_};
-  MPI_Allreduce(MPI_IN_PLACE, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, world_);
-  if (worst.shortfall <= 0) return true;
-  if (worst.rank == rank_) {
+  const double shortfall = std::max(0.0, need - room);
+  const double worst = world_.reduce(shortfall, ReduceOp::max);
+  if (worst <= 0) return true;
+  if (world_.reduce(shortfall == worst ? rank_ : world_size_, ReduceOp::min) == rank_) {
     char buf[512];
     std::snprintf(buf, sizeof buf,
                   "dilocox-train: %s--checkpoint-dir %s has %.1f MB free, the run needs %.1f MB more there (%d rank(s) "
                   "on this node, each keeping 3 checkpoints of %.1f MB: the newest two and the one being written): "
                   "%.1f MB short; free space or choose another folder\n",
                   world_size_ > 1 ? (layout_.describe(rank_) + ": ").c_str() : "",
-                  o_.checkpoint_dir.c_str(), room / 1e6, need / 1e6, ranks_here, bytes / 1e6, worst.shortfall / 1e6);
+                  o_.checkpoint_dir.c_str(), room / 1e6, need / 1e6, ranks_here, bytes / 1e6, worst / 1e6);
     std::fputs(buf, stderr);
     std::fflush(stderr);
   }
@@ -156,6 +165,7 @@ bool Run::room_for_checkpoints() {
 // Frees what build() made (the communicators, the outer loop).
 void Run::release() {
   if (sync_) sync_.reset();
+  peers_.reset();
   uplink_.reset();
   comms_.reset();
   cluster_ = MPI_COMM_NULL;

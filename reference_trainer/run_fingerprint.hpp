@@ -171,6 +171,11 @@ inline const std::vector<FlagRow>& flag_table() {
         {"--max-nonfinite-steps", ranks, [](O o) { return std::to_string(o.max_nonfinite_steps); }},
         {"--dump-pseudo-gradients", ranks, [](O o) { return o.dump_pseudo_gradients.empty() ? "none" : "given"; }},
         {"--plan", ranks, [](O o) { return o.plan ? "yes" : "no"; }},
+        {"--run-id", ranks, [](O o) { return o.run_id.empty() ? "none" : o.run_id; }},
+        // Where each site is and how it reaches the others; a run may resume in either layout.
+        {"--site", local, nullptr},
+        {"--rendezvous", local, nullptr},
+        {"--gloo-interface", local, nullptr},
         // The data's contents are outcome (the "data" entry, from the shards' checksums).
         {"--data-dir", local, nullptr},
         {"--metrics", local, nullptr},

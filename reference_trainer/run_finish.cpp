@@ -36,13 +36,13 @@ void Run::save(bool finished) {
   const auto path = checkpoint_path(o_.checkpoint_dir, prefix_, step_);
   make_checkpoint(finished).write_atomically(path);
   at(Activity::waiting_for_saves, step_);
-  MPI_Barrier(world_);
+  world_.barrier();
   const auto steps = list_checkpoints(o_.checkpoint_dir, prefix_);
   for (std::size_t i = 2; i < steps.size(); ++i) fs::remove(checkpoint_path(o_.checkpoint_dir, prefix_, steps[i]));
   last_checkpoint_ = step_;
   last_save_time_ = now_seconds();
   last_save_seconds_ = last_save_time_ - t0;
-  if (rank_ == 0) progress_->note("checkpoint: step " + std::to_string(step_) + " -> " + path.string());
+  if (world_.speaks()) progress_->note("checkpoint: step " + std::to_string(step_) + " -> " + path.string());
 }
 
 // After the loop: the final round and evaluation (unless stopped early), the last
@@ -62,11 +62,11 @@ int Run::finish() {
                         last_checkpoint_ != step_ && (trained_here_ > 0 || finished);
   if (save_now && nonfinite_streak_ == 0)
     save(finished);
-  else if (save_now && rank_ == 0)
+  else if (save_now && world_.speaks())
     progress_->note("dilocox-train: no checkpoint at step " + std::to_string(step_) + ": the loss is not finite");
   progress_->finish();
   const json s = summary();
-  if (rank_ == 0) {
+  if (world_.speaks()) {
     if (diverged_)
       std::fprintf(stderr,
                    "dilocox-train: the loss was NaN/Inf on some replica for %d consecutive steps (to step %lld): the "
@@ -98,12 +98,12 @@ bool Run::data_parallel_identical() {
   std::uint64_t v[2] = {h, ~h};  // min of ~h = ~(max of h)
   MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_UINT64_T, MPI_MIN, comms_->data_parallel());
   int same = v[0] == ~v[1] ? 1 : 0;
-  MPI_Allreduce(MPI_IN_PLACE, &same, 1, MPI_INT, MPI_MIN, world_);
-  return same != 0;
+  return world_.reduce(same, ReduceOp::min) != 0;
 }
 
 json Run::summary() {
   const int K = o_.clusters;
+  constexpr ReduceOp sum = ReduceOp::sum;
   json s{{"model", shape_.model.name},
          {"params", shape_.model.params()},
          {"clusters", K},
@@ -120,24 +120,23 @@ json Run::summary() {
   if (layout_.dp > 1) {  // the fast links inside clusters: data-parallel gradients, shared outer-loop shards
     s["dp"] = layout_.dp;
     s["dp_identical"] = data_parallel_identical();
-    s["in_cluster_bytes"] = sum_over(world_, static_cast<double>(trainer_->data_parallel_bytes() +
-                                                                 (sync_ ? sync_->group_bytes() : 0)));
+    s["in_cluster_bytes"] =
+        world_.reduce(static_cast<double>(trainer_->data_parallel_bytes() + (sync_ ? sync_->group_bytes() : 0)), sum);
   }
   if (sync_) {
-    const double wire = sum_over(world_, static_cast<double>(sync_->wire_bytes()));
-    const double dense = sum_over(world_, static_cast<double>(sync_->dense_bytes()));
-    const double comm = sum_over(world_, sync_->per_step() ? sync_->link_seconds() : sync_->comm_seconds());
-    const double hidden = sum_over(world_, sync_->hidden_seconds());
-    const double rank_sum = sum_over(world_, sync_->last_rank());
-    int bad = mismatched_syncs_;
-    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, world_);
+    double sums[5] = {static_cast<double>(sync_->wire_bytes()), static_cast<double>(sync_->dense_bytes()),
+                      sync_->per_step() ? sync_->link_seconds() : sync_->comm_seconds(), sync_->hidden_seconds(),
+                      sync_->last_rank()};
+    world_.allreduce(std::span<double>(sums), sum);
+    const auto [wire, dense, comm, hidden, rank_sum] = sums;
+    const int bad = world_.reduce(mismatched_syncs_, ReduceOp::max);
     s["sync"] = o_.sync;
     s["wire_bytes"] = wire;
     s["dense_bytes"] = dense;
     s["compression_ratio"] = wire > 0 ? dense / wire : 0.0;
     // The busiest rank's modelled time on the site link, waits behind its site's other
     // ranks included.
-    s["wan_link_seconds"] = max_over(world_, sync_->link_seconds());
+    s["wan_link_seconds"] = world_.reduce(sync_->link_seconds(), ReduceOp::max);
     s["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
     s["final_rank"] = rank_sum / world_size_;
     s["final_local_steps"] = rounds_ ? sync_->local_steps() : 1;
@@ -146,7 +145,7 @@ json Run::summary() {
     s["replicas_identical"] = bad == 0;
     const auto m = sync_->memory();  // the largest of any rank, component by component
     std::uint64_t v[6] = {m.global, m.anchor, m.momentum, m.workspace, m.compressor, m.total()};
-    MPI_Allreduce(MPI_IN_PLACE, v, 6, MPI_UINT64_T, MPI_MAX, world_);
+    world_.allreduce(std::span<std::uint64_t>(v), ReduceOp::max);
     s["outer_state_bytes_per_rank"] = {{"global", v[0]}, {"anchor", v[1]}, {"momentum", v[2]},
                                        {"workspace", v[3]}, {"compressor", v[4]}, {"total", v[5]}};
   }

@@ -10,6 +10,9 @@
 #include "train_options.hpp"
 
 #include <dilocox/comm/throttled.hpp>
+#ifdef DILOCOX_TRAINER_GLOO
+#include <dilocox/comm/gloo.hpp>
+#endif
 #include <mpi.h>
 #include <nlohmann/json.hpp>
 
@@ -178,13 +181,15 @@ inline std::string legacy_mismatch(const json& saved, const json& now) {
   return "";
 }
 
-inline double sum_over(MPI_Comm comm, double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_SUM, comm);
-  return v;
+
+#ifdef DILOCOX_TRAINER_GLOO
+// The sites' Gloo groups (--site): the run's store and name, the interface the ranks
+// listen on, and --collective-timeout for the rendezvous and every operation.
+inline GlooOptions site_gloo(const TrainOptions& o) {
+  GlooOptions g{.store = o.rendezvous, .prefix = o.run_id, .interface = o.gloo_interface};
+  g.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.collective_timeout * 1000));
+  return g;
 }
-inline double max_over(MPI_Comm comm, double v) {
-  MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_DOUBLE, MPI_MAX, comm);
-  return v;
-}
+#endif
 
 }  // namespace dilocox::trainer

@@ -53,7 +53,7 @@ std::int64_t Run::agreed_start(const std::vector<json>& reports) {
     if (r == 0) common = steps;
     std::erase_if(common, [&](std::int64_t s) { return std::find(steps.begin(), steps.end(), s) == steps.end(); });
   }
-  if (removed > 0 && rank_ == 0)
+  if (removed > 0 && world_.speaks())
     std::fprintf(stderr, "dilocox-train: removed %d temporary file(s) of a save cut short in %s\n", removed,
                  o_.checkpoint_dir.c_str());
   if (!o_.resume) return 0;
@@ -62,7 +62,7 @@ std::int64_t Run::agreed_start(const std::vector<json>& reports) {
       throw UsageError("--resume: no checkpoint in " + o_.checkpoint_dir +
                        " to resume (a wrong folder, or one not mounted here?); --resume-if-present starts at step 0 "
                        "when there is none");
-    if (rank_ == 0)
+    if (world_.speaks())
       std::fprintf(stderr, "dilocox-train: no checkpoint in %s, starting at step 0 (--resume-if-present)\n",
                    o_.checkpoint_dir.c_str());
     return 0;
@@ -87,7 +87,7 @@ std::int64_t Run::agreed_start(const std::vector<json>& reports) {
            (steps.empty() ? (reports[r]["checkpoint"]["files"].get<bool>() ? "all refused" : "none") : "steps " + list);
   }
   if (some_never_saved && !some_refused) {
-    if (rank_ == 0)
+    if (world_.speaks())
       std::fprintf(stderr, "dilocox-train: no step saved by every rank in %s (%s): the first save was cut short, "
                    "starting at step 0\n", o_.checkpoint_dir.c_str(), who.c_str());
     return 0;

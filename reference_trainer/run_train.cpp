@@ -22,7 +22,7 @@ int Run::train(std::int64_t start) {
   step_ = start;
   build();
   if (start > 0) load(start);
-  progress_ = std::make_unique<ProgressLine>(rank_ == 0 && !o_.quiet, total_steps_);
+  progress_ = std::make_unique<ProgressLine>(world_.speaks() && !o_.quiet, total_steps_);
   if (stopped_before_training()) return finish();
   if (!room_for_checkpoints()) {
     release();
@@ -30,17 +30,17 @@ int Run::train(std::int64_t start) {
   }
   open_metrics(start);
   const int K = o_.clusters, S = shape_.stages;
-  if (rank_ == 0 && !o_.quiet)
+  if (world_.speaks() && !o_.quiet)
     progress_->note("dilocox-train: " + shape_.model.name + ", " + std::to_string(shape_.model.params()) +
                     " parameters, " + std::to_string(K) + " cluster(s) x " + std::to_string(S) + " stage(s), " +
                     std::to_string(total_steps_) + " steps of " + std::to_string(step_tokens_) + " tokens" +
                     (sync_ ? ", sync " + o_.sync + ": " + sync_->describe() : "") +
                     (start > 0 ? ", resuming at step " + std::to_string(start) : ""));
-  if (rank_ == 0 && !o_.quiet && sync_ && !sync_->treatment().empty())
+  if (world_.speaks() && !o_.quiet && sync_ && !sync_->treatment().empty())
     progress_->note("dilocox-train: stage 0: " + sync_->treatment());
-  if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
+  if (world_.speaks() && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
   if (finished_before_) {
-    if (rank_ == 0 && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
+    if (world_.speaks() && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
   } else {
     train_loop();
   }
@@ -87,7 +87,7 @@ void Run::train_loop() {
     if ((f.signal != 0 || f.stop_after) && step_ < total_steps_) {
       interrupted_ = true;
       stop_signal_ = f.signal;
-      if (rank_ == 0)
+      if (world_.speaks())
         progress_->note(f.signal != 0 ? "dilocox-train: " + signal_name(f.signal) + " at step " + std::to_string(step_) +
                                             (o_.checkpoint_dir.empty() ? " (no --checkpoint-dir: nothing saved)" : "")
                                       : "dilocox-train: --stop-after " + std::to_string(o_.stop_after) + " reached");
@@ -99,7 +99,7 @@ void Run::train_loop() {
     if (!o_.checkpoint_dir.empty() && due && step_ < total_steps_) {
       if (nonfinite_streak_ == 0)
         save(false);
-      else if (rank_ == 0)
+      else if (world_.speaks())
         progress_->note("dilocox-train: no checkpoint at step " + std::to_string(step_) + ": the loss is not finite");
     }
     maybe_note_grace();
@@ -139,9 +139,9 @@ void Run::log_step(const StepStats& st) {
     if (sync_ && sync_->per_step()) line["contributors"] = st.contributors;
     write_metrics(line);
   }
-  if (st.skipped && rank_ == 0)
+  if (st.skipped && world_.speaks())
     progress_->note("step " + std::to_string(step_) + ": non-finite gradient, update skipped");
-  if (sync_ && sync_->per_step() && st.contributors < K && rank_ == 0)
+  if (sync_ && sync_->per_step() && st.contributors < K && world_.speaks())
     progress_->note("step " + std::to_string(step_) + ": " + std::to_string(K - st.contributors) +
                     " replica(s) with a non-finite gradient left out of the average");
   progress_->step(step_, st.loss, tps,
@@ -155,7 +155,7 @@ StepFlags Run::agree_after_step(const StepStats& st) {
                         now_seconds() - last_save_time_ >= 60.0 * o_.checkpoint_minutes;
   int v[4] = {pending_stop_signal(), o_.stop_after > 0 && trained_here_ >= o_.stop_after ? 1 : 0, time_due ? 1 : 0,
               std::isfinite(st.loss) ? 0 : 1};
-  MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_INT, MPI_MAX, world_);
+  world_.allreduce(std::span<int>(v), ReduceOp::max);
   return {v[0], v[1] != 0, v[2] != 0, v[3] != 0};
 }
 
@@ -180,7 +180,7 @@ void Run::evaluate(std::int64_t at_step) {
                    {"seconds", now_seconds() - t_start_}});
   char buf[96];
   std::snprintf(buf, sizeof buf, "eval at step %lld: val loss %.4f", static_cast<long long>(at_step), last_eval_);
-  if (rank_ == 0) progress_->note(buf);
+  if (world_.speaks()) progress_->note(buf);
 }
 
 // The last stage's copy of the tied embedding follows the first stage's after the first
@@ -196,7 +196,7 @@ void Run::refresh_tied(bool first_stage_synced) {
 // checkpoint, a Ctrl-C or SIGTERM to mpirun keeps only the last checkpoint before it.
 void Run::maybe_note_grace() {
   const double grace = launcher_kill_grace();
-  if (grace_noted_ || rank_ != 0 || o_.quiet || grace <= 0 || o_.checkpoint_dir.empty() || trained_here_ < 2) return;
+  if (grace_noted_ || !world_.speaks() || o_.quiet || grace <= 0 || o_.checkpoint_dir.empty() || trained_here_ < 2) return;
   const double need = last_step_seconds_ + last_save_seconds_;
   if (need < 0.5 * grace) return;
   grace_noted_ = true;
@@ -226,7 +226,7 @@ void Run::sync_event(const dilocox::SyncStats& rs) {
                    {"replicas_identical", agree}});
   }
   for (const auto& d : rs.dropped)
-    if (rank_ == 0)
+    if (world_.speaks())
       progress_->note("sync " + std::to_string(rs.sync) + ": replica " + std::to_string(d.replica) +
                       " dropped (non-finite " + d.tensor + ")");
 }

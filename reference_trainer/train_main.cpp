@@ -45,8 +45,25 @@ int run_plan(const TrainOptions& o) {
 }
 
 // ---------------------------------------------------------------------------------
-// main: parse, watchdog, agree, run
+// main: parse, watchdog, world, agree, run
 // ---------------------------------------------------------------------------------
+
+// The run's world: this job, or with --site the sites' jobs joined over Gloo; none after
+// job rank 0 printed why the sites could not meet (every rank of the job learns it).
+std::optional<World> make_world(const TrainOptions* o, int rank) {
+#ifdef DILOCOX_TRAINER_GLOO
+  if (o && o->site >= 0 && !o->plan) {
+    try {
+      return std::optional<World>(std::in_place, MPI_COMM_WORLD, o->site, o->clusters, site_gloo(*o));
+    } catch (const dilocox::Error& e) {
+      if (rank == 0) std::fprintf(stderr, "dilocox-train: site %d: %s\n", o->site, e.what());
+      return std::nullopt;
+    }
+  }
+#endif
+  (void)o, (void)rank;
+  return std::optional<World>(std::in_place, MPI_COMM_WORLD);
+}
 
 // This rank's start-agreement report when its flags did not parse (or asked for --help).
 json unparsed_report(const ParseExit& e) {
@@ -123,21 +140,27 @@ int main(int argc, char** argv) {
   if (size > 1 && provided >= MPI_THREAD_MULTIPLE)
     watchdog.emplace(MPI_COMM_WORLD, o ? o->collective_timeout : TrainOptions{}.collective_timeout,
                      o ? o->progress_timeout : TrainOptions{}.progress_timeout,
-                     o ? layout_of(*o) : RankLayout{.stages = 0});
+                     o ? layout_of(*o) : RankLayout{.stages = 0}, o && o->site > 0 ? o->site * size : 0);
+  if (watchdog) watchdog->at(Activity::agreeing, 0);
+  std::optional<World> world = make_world(o, rank);
+  if (!world) {
+    if (watchdog) watchdog->stop();
+    MPI_Finalize();
+    return 1;
+  }
   std::optional<Run> run;
   json report;
   if (const auto missing = unclassified_flags(); !missing.empty()) {
     report = {{"parsed", false}, {"code", 1},
               {"message", "internal: flag " + missing.front() + " has no row in reference_trainer/run_fingerprint.hpp"}};
   } else if (o) {
-    if (watchdog) watchdog->at(Activity::agreeing, 0);
-    run.emplace(*o, MPI_COMM_WORLD, watchdog ? &*watchdog : nullptr);
+    run.emplace(*o, *world, watchdog ? &*watchdog : nullptr);
     report = run->check_inputs();
   } else {
     report = unparsed_report(std::get<ParseExit>(parsed));
   }
   report["signal"] = pending_stop_signal();
-  const auto reports = gather_reports(MPI_COMM_WORLD, report);
+  const auto reports = gather_reports(*world, report);
   const Verdict verdict = judge(reports);
   const int startup_signal = stop_signal_in(reports);
   int rc = verdict.code;
@@ -150,13 +173,15 @@ int main(int argc, char** argv) {
                    signal_name(startup_signal).c_str());
     rc = 0;
   } else if (o->plan) {
-    rc = run_agreed(*o, *run, 0, rank, size);
+    rc = run_agreed(*o, *run, 0, world->rank(), world->size());
   } else {
     const auto start = start_step(*run, reports, rank);
     rc = std::holds_alternative<int>(start) ? std::get<int>(start)
-                                            : run_agreed(*o, *run, std::get<std::int64_t>(start), rank, size);
+                                            : run_agreed(*o, *run, std::get<std::int64_t>(start), world->rank(),
+                                                         world->size());
   }
   run.reset();
+  world.reset();
   if (watchdog) watchdog->stop();
   MPI_Finalize();
   return rc;

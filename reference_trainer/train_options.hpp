@@ -82,6 +82,11 @@ struct TrainOptions {
   std::string wan_bandwidth = "1Gbps", wan_latency = "0";
   std::string inject_nan;           // "STEP:REPLICA": that replica's step sees a NaN batch (tests)
   std::string dump_pseudo_gradients;  // folder: replica 0 writes each round's pseudo-gradient
+  // One job per site (world.hpp): this job is cluster `site` (-1: one job holds every cluster).
+  int site = -1;
+  std::string rendezvous;           // the sites' store: redis://HOST:PORT or file:///DIR
+  std::string run_id;               // the run's namespace in the store
+  std::string gloo_interface;       // the interface the ranks listen on for the other sites
   // Planning (--plan): no training.
   bool plan = false;
   double params = 0;                // a model known only by its size
@@ -317,12 +322,48 @@ inline void define_plan_flags(CLI::App& app, TrainOptions& o) {
 }
 }  // namespace detail
 
+// One job per site: the flags that place this job in the run.
+inline void define_site_flags(CLI::App& app, TrainOptions& o) {
+  auto* g = "Sites (one mpirun per site)";
+  app.add_option("--site", o.site,
+                 "this job is cluster I of --clusters: each site runs its own mpirun (-np dp x stages) with the same "
+                 "flags and its own --site; the sites meet at --rendezvous and talk over Gloo (TCP)")
+      ->check(CLI::Range(0, 1023))->group(g);
+  app.add_option("--rendezvous", o.rendezvous, "with --site: where the sites meet: redis://HOST:PORT or file:///DIR "
+                                               "(a folder every site sees)")->group(g);
+  app.add_option("--run-id", o.run_id, "with --site: the run's name in the rendezvous store; a new one for each "
+                                       "launch (a relaunch too: the store keeps the old addresses)")->group(g);
+  app.add_option("--gloo-interface", o.gloo_interface,
+                 "with --site: the network interface the ranks listen on for other sites (default: the address "
+                 "of this host's name)")->group(g);
+}
+
+// The checks of the site flags among themselves.
+inline void check_site_flags(const TrainOptions& o) {
+  if (o.site < 0) {
+    for (const auto& [given, name] : {std::pair{!o.rendezvous.empty(), "--rendezvous"}, {!o.run_id.empty(), "--run-id"},
+                                      {!o.gloo_interface.empty(), "--gloo-interface"}})
+      if (given) throw CLI::ValidationError(std::string(name) + " needs --site (one mpirun per site)");
+    return;
+  }
+  if (o.site >= o.clusters)
+    throw CLI::ValidationError("--site " + std::to_string(o.site) + " needs --clusters > " + std::to_string(o.site) +
+                               " (one cluster per site, sites 0 to clusters - 1)");
+  if (o.rendezvous.empty()) throw CLI::ValidationError("--site needs --rendezvous (redis://HOST:PORT or file:///DIR)");
+  if (o.run_id.empty()) throw CLI::ValidationError("--site needs --run-id (the run's name in the rendezvous store)");
+#ifndef DILOCOX_TRAINER_GLOO
+  throw CLI::ValidationError("--site needs Gloo: this dilocox-train was built without it "
+                             "(scripts/install_deps.sh --sites, then configure again)");
+#endif
+}
+
 // Defines every flag of dilocox-train on app, bound to o; returns the --overlap option.
 inline CLI::Option* define_train_options(CLI::App& app, TrainOptions& o) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // a later flag overrides
   detail::define_model_flags(app, o);
   detail::define_run_flags(app, o);
   auto* overlap = detail::define_cluster_flags(app, o);
+  define_site_flags(app, o);
   detail::define_plan_flags(app, o);
   return overlap;
 }
@@ -360,6 +401,7 @@ inline std::variant<TrainOptions, ParseExit> parse_train_options(int argc, char*
     if (o.checkpoint_every > 0 && o.checkpoint_dir.empty())
       throw CLI::ValidationError("--checkpoint-every needs --checkpoint-dir");
     detail::check_link(o.wan_bandwidth, o.wan_latency);
+    check_site_flags(o);
   } catch (const CLI::Success& e) {
     std::ostringstream out, err;
     app.exit(e, out, err);

@@ -59,9 +59,10 @@ class Watchdog {
  public:
   // world: every rank (duplicated here). timeout_seconds: silence before a peer is lost.
   // progress_seconds: the least time at one step and activity before a rank is stuck
-  // (0: never). layout: to name ranks (stages <= 0: by number only).
-  Watchdog(MPI_Comm world, double timeout_seconds, double progress_seconds, RankLayout layout)
-      : timeout_(timeout_seconds), progress_(progress_seconds), layout_(layout) {
+  // (0: never). layout: to name ranks (stages <= 0: by number only); first_rank: the
+  // layout's rank of world's rank 0 (one job per site: the site's first).
+  Watchdog(MPI_Comm world, double timeout_seconds, double progress_seconds, RankLayout layout, int first_rank = 0)
+      : timeout_(timeout_seconds), progress_(progress_seconds), layout_(layout), first_rank_(first_rank) {
     MPI_Comm_dup(world, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -254,7 +255,8 @@ class Watchdog {
     else
       std::snprintf(buf, sizeof buf, "stopped answering: nothing heard for %.1f s (--collective-timeout %g)",
                     m.silent_seconds, timeout_);
-    std::string s = "dilocox-train: " + layout_.describe(rank_) + ": " + layout_.describe(m.subject) + " " + buf;
+    std::string s = "dilocox-train: " + layout_.describe(first_rank_ + rank_) + ": " +
+                    layout_.describe(first_rank_ + m.subject) + " " + buf;
     if (m.reason == stuck)
       s += "; still " + std::string(to_string(static_cast<Activity>(m.subject_activity))) + " at step " +
            std::to_string(m.subject_step);
@@ -351,6 +353,7 @@ class Watchdog {
   double progress_;
   double longest_ = 0;  // the hub: the longest any rank has stayed at one step and activity
   RankLayout layout_;
+  int first_rank_ = 0;
   std::atomic<std::int32_t> activity_{static_cast<std::int32_t>(Activity::starting)};
   std::atomic<std::int64_t> step_{0};
   std::atomic<Clock::rep> since_{Clock::now().time_since_epoch().count()};  // when step_ or activity_ changed
