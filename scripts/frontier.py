@@ -19,15 +19,15 @@ import frontier_report
 
 # The study's settings. FULL is the study; QUICK the same script end to end in minutes.
 FULL = {
-    "model": ["--model", "small", "--layers", "2"],  # width 256, 2 layers: 2.6 M parameters
+    "model": ["--model", "small", "--layers", "1"],  # width 256, 1 layer: 1.87 M parameters
     "batch": 16, "seq_len": 128, "tokens": 1_000_000, "clusters": 2, "eval_sequences": 128,
-    "tune_seed": 1, "seeds": [2, 3, 4], "tune_runs": 4, "budgets": 2, "local_steps": 20, "fragments": 4,
+    "tune_seed": 1, "seeds": [2, 3, 4], "frontier_seeds": 2, "tune_runs": 4, "budgets": 2, "local_steps": 20, "fragments": 4,
     "tp_batch": 4, "tp_rounds": 3, "tp_allreduce_steps": 4,
 }
 QUICK = {
     "model": ["--model", "tiny"],
     "batch": 8, "seq_len": 32, "tokens": 12_000, "clusters": 2, "eval_sequences": 8,
-    "tune_seed": 1, "seeds": [2], "tune_runs": 2, "budgets": 2, "local_steps": 8, "fragments": 2,
+    "tune_seed": 1, "seeds": [2], "frontier_seeds": 1, "tune_runs": 2, "budgets": 2, "local_steps": 8, "fragments": 2,
     "tp_batch": 4, "tp_rounds": 2, "tp_allreduce_steps": 3,
 }
 # Communication/compute ratios of AllReduce in the paper's two runs at 1 Gbit/s:
@@ -43,7 +43,7 @@ def methods(h, f):
     lengths = [["--local-steps", str(h // 2)], ["--local-steps", str(h * 2)]]
     return {
         "allreduce": {"flags": ["--sync", "allreduce"],
-                      "tune": [["--lr", v] for v in ("1e-3", "2e-3", "4e-3", "8e-3")], "budgets": []},
+                      "tune": [["--lr", v] for v in ("1e-3", "2e-3", "5e-4", "2.5e-4")], "budgets": []},
         "diloco_fp32": {"flags": ["--sync", "diloco", "--bits", "32"], "tune": OUTER, "budgets": lengths},
         "diloco_int4": {"flags": ["--sync", "diloco", "--bits", "4"], "tune": OUTER, "budgets": lengths},
         "diloco_int4_frag": {"flags": ["--sync", "diloco", "--bits", "4", "--fragments", str(f)], "tune": OUTER,
@@ -74,12 +74,17 @@ class Study:
                              "--eval-sequences", str(c["eval_sequences"]), "--quiet", "--checkpoint-minutes", "0"]
 
     def run(self, name, meta, flags, clusters):
-        """Runs dilocox-train once (unless OUT/runs/NAME.json exists); returns the record."""
+        """Runs dilocox-train once (unless OUT/runs/NAME.json holds a run of the same flags);
+        returns the record."""
         path = os.path.join(self.runs, name + ".json")
         if os.path.exists(path):
-            self.skipped += 1
             with open(path) as f:
-                return json.load(f)
+                kept = json.load(f)
+            if kept["flags"] == flags:
+                self.skipped += 1
+                return kept
+            print(f"frontier: {name}: the kept run had other flags (a setting it depends on changed): running again",
+                  flush=True)
         cmd = ["mpirun", "-np", str(clusters), "--oversubscribe", self.train] + flags
         print(f"frontier: {name}: {' '.join(cmd)}", flush=True)
         t0 = time.time()
@@ -141,7 +146,7 @@ class Study:
         for m, spec in self.methods.items():
             for b in spec["budgets"][: self.cfg["budgets"]]:
                 tag = "_".join(x.lstrip("-").replace("=", "") for x in b)
-                for s in self.cfg["seeds"]:
+                for s in self.cfg["seeds"][: self.cfg["frontier_seeds"]]:
                     flags = self.common(self.cfg["clusters"], s) + self.setting(m) + b
                     self.run(f"frontier-{m}-{tag}-s{s}", {"stage": "frontier", "method": m, "budget": b, "seed": s},
                              flags, self.cfg["clusters"])
