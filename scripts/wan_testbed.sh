@@ -9,6 +9,7 @@
 #   scripts/wan_testbed.sh run SITE [--name dx] -- COMMAND...   (in site SITE's namespace)
 #   scripts/wan_testbed.sh down [--name dx]                      (also after a failure)
 #   scripts/wan_testbed.sh check [--name dx]                     (exit 0 when nothing is left)
+#   scripts/wan_testbed.sh restart-store [--name dx]             (redis-server stopped, started empty)
 #
 # Addresses: the store 10.88.0.2, site i 10.88.0.(10 + i). `run` exports DILOCOX_SITE,
 # DILOCOX_SITES, DILOCOX_RENDEZVOUS (redis://10.88.0.2:6379) and DILOCOX_SITE_ADDR. `up`
@@ -16,7 +17,7 @@
 # namespaces, deletes them and leaves nothing behind (`check` verifies).
 set -euo pipefail
 
-usage() { sed -n '8,11p' "$0" | sed 's/^#   //' >&2; exit 2; }
+usage() { sed -n '8,12p' "$0" | sed 's/^#   //' >&2; exit 2; }
 die() { echo "wan_testbed: $*" >&2; exit 1; }
 
 cmd=${1:-}; [[ -n $cmd ]] || usage; shift
@@ -71,15 +72,32 @@ up() {
     # The uplink: what the site sends, all its processes together.
     ip netns exec "$name-site$i" tc qdisc add dev eth0 root tbf rate "$rate" burst 32kbit latency 400ms
   done
-  ip netns exec "$name-store" redis-server --bind "$store_addr" --port "$port" --save "" --appendonly no \
-    --protected-mode no --daemonize yes --pidfile "$state/redis.pid" --logfile "$state/redis.log" >/dev/null
-  for ((i = 0; i < 100; i++)); do
-    ip netns exec "$name-site0" bash -c "exec 3<>/dev/tcp/$store_addr/$port" 2>/dev/null && break
-    sleep 0.05
-  done
-  ((i < 100)) || { cat "$state/redis.log" >&2 || true; false; }
+  start_store
   trap - ERR
   echo "wan_testbed: $sites sites up ('$name'), uplinks $rate, store redis://$store_addr:$port"
+}
+
+# redis-server in the store's namespace, empty; returns once site 0 reaches it.
+start_store() {
+  ip netns exec "$name-store" redis-server --bind "$store_addr" --port "$port" --save "" --appendonly no \
+    --protected-mode no --daemonize yes --pidfile "$state/redis.pid" --logfile "$state/redis.log" >/dev/null
+  local i
+  for ((i = 0; i < 100; i++)); do
+    ip netns exec "$name-site0" bash -c "exec 3<>/dev/tcp/$store_addr/$port" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  cat "$state/redis.log" >&2 || true
+  false
+}
+
+restart_store() {
+  [[ -f $state/sites ]] || die "no testbed named '$name' is up"
+  local pid
+  pid=$(cat "$state/redis.pid")
+  kill "$pid"
+  while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  start_store || die "redis-server did not come back"
+  echo "wan_testbed: store restarted (empty)"
 }
 
 # join NS ADDR HUBSIDE: namespace NS with eth0 at ADDR/24, its veth peer HUBSIDE on the bridge.
@@ -107,5 +125,6 @@ case $cmd in
   down) down ;;
   check) check ;;
   run) run "$@" ;;
+  restart-store) restart_store ;;
   *) usage ;;
 esac
