@@ -346,6 +346,7 @@ inline void check_site_flags(const TrainOptions& o) {
       if (given) throw CLI::ValidationError(std::string(name) + " needs --site (one mpirun per site)");
     return;
   }
+  if (o.clusters < 2) throw CLI::ValidationError("--site needs --clusters 2 or more (one cluster per site)");
   if (o.site >= o.clusters)
     throw CLI::ValidationError("--site " + std::to_string(o.site) + " needs --clusters > " + std::to_string(o.site) +
                                " (one cluster per site, sites 0 to clusters - 1)");

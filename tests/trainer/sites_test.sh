@@ -107,7 +107,7 @@ faults)
   grep -q 'same ranks' n.0.err || fail "site 0: $(cat n.0.err)"
   echo "ok: sites of 1 and 2 ranks: exits $r0 $r1: $(cut -c1-140 n.0.err)"
   # The site flags among themselves.
-  for bad in "--site 2" "--site 0 --run-id x" "--site 0 --rendezvous file://$work" "--rendezvous file://$work"; do
+  for bad in "--site 2" "--site 0 --clusters 1" "--site 0 --run-id x" "--site 0 --rendezvous file://$work" "--rendezvous file://$work"; do
     rc=0
     "$train" "${common[@]}" $bad >b.txt 2>b.err || rc=$?
     [[ $rc == 2 && $(wc -l <b.err) == 1 ]] || fail "'$bad': exit $rc, $(cat b.err)"
