@@ -157,6 +157,9 @@ def plot(out, pts, allreduce_loss):
     lines = [f"'{data}' index {i} using 1:2:3:4 with yerrorlines title '{m}'" for i, m in enumerate(methods)]
     if allreduce_loss is not None:
         lines.append(f"{allreduce_loss} with lines dashtype 2 lc 'black' title 'allreduce'")
+    if not lines:  # a study stopped before its held-out runs
+        print("frontier_report: no held-out runs yet, no plot", file=sys.stderr)
+        return
     script = (f"set terminal pngcairo size 900,600; set output '{os.path.join(out, 'frontier.png')}';"
               "set logscale x; set xlabel 'bytes on the wire per replica'; set ylabel 'final eval loss (median, "
               "min-max over seeds)'; set key outside right; set grid;" + "plot " + ", ".join(lines))
