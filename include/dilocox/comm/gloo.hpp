@@ -4,7 +4,8 @@
 // file system) or Redis (Gloo's RedisStore), then connect a full mesh of TCP pairs.
 // Every operation waits at most `timeout`, so a stalled or dead peer is a
 // dilocox::Error naming the operation and Gloo's reason (with the peer's address),
-// never a hang; the communicator is unusable after one. All operations, blocking and
+// never a hang; the communicator is unusable after one. Constructing one ignores SIGPIPE
+// where it has its default action (a dead peer's socket must be an Error, not an exit). All operations, blocking and
 // async, run in program order on one progress thread, so that every rank issues them
 // to Gloo in the same order. Link against Gloo (CMake target `gloo`).
 // Not here: MPI (comm/mpi.hpp), modelled links (comm/throttled.hpp).
@@ -26,6 +27,7 @@
 #include <gloo/rendezvous/redis_store.h>
 #endif
 
+#include <csignal>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +56,16 @@ struct GlooOptions {
 };
 
 namespace detail {
+// A write to a peer that died raises SIGPIPE, whose default action ends the process before
+// Gloo can report the broken pair. Where SIGPIPE still has its default action, it is
+// ignored (the write then fails with EPIPE, an Error here); a handler of the program's own
+// is left as it is.
+inline void ignore_default_sigpipe() {
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL && !(old.sa_flags & SA_SIGINFO))
+    std::signal(SIGPIPE, SIG_IGN);
+}
+
 inline std::unique_ptr<gloo::rendezvous::Store> open_gloo_store(const std::string& url) {
   constexpr std::string_view file = "file://", redis = "redis://";
   if (url.starts_with(file) && url.size() > file.size())
@@ -86,6 +98,7 @@ class GlooCommunicator {
     detail::require(size >= 1 && rank >= 0 && rank < size, "GlooCommunicator",
             "rank " + std::to_string(rank) + " of " + std::to_string(size) + " is out of range");
     detail::require(timeout_.count() > 0, "GlooCommunicator", "the timeout must be positive");
+    detail::ignore_default_sigpipe();
     store_ = detail::open_gloo_store(o.store);
     prefixed_ = std::make_unique<gloo::rendezvous::PrefixStore>(o.prefix, *store_);
     gloo::transport::tcp::attr attr;
