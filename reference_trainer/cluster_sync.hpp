@@ -197,7 +197,12 @@ class ClusterSync {
     last_rank_ = r.value<double>();
     syncs_ = r.value<std::int32_t>();
     dropped_ = r.value<std::int32_t>();
-    wire_before_ = r.value<std::uint64_t>();
+    // The saved count holds the run's start check, which this process's loop has just
+    // made again on the link: counted once.
+    const std::uint64_t saved_wire = r.value<std::uint64_t>(), checked = link_.stats().wire_bytes;
+    dilocox::detail::require(saved_wire >= checked, "ClusterSync::load_state",
+                             "the checkpoint's wire bytes are fewer than a start check's");
+    wire_before_ = saved_wire - checked;
     const auto loop = r.vector<std::byte>();
     if (loop_) loop_->load_state(loop);
   }
@@ -250,7 +255,7 @@ class ClusterSync {
   std::uint64_t group_bytes_ = 0;
   std::size_t stage_floats_ = 0;           // the floats of this rank's loop
   std::uint64_t dense_bytes_ = 0;
-  std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume
+  std::uint64_t wire_before_ = 0;  // wire bytes of the run before a resume, less the start check
   double comm_seconds_ = 0, hidden_seconds_ = 0, last_rank_ = 0;
   int syncs_ = 0, dropped_ = 0;
 };

@@ -55,6 +55,7 @@ class World {
       }
     }
     broadcast(error);
+    if (error.find("earlier meeting") != std::string::npos) error += "; a relaunched run (--resume too) needs a new --run-id";
     if (!error.empty()) throw Error("the sites' rendezvous (" + gloo.store + ", run " + gloo.prefix + "): " + error);
   }
 #endif

@@ -7,6 +7,9 @@
 # faults:  a site killed mid-run ends the other within seconds, naming Gloo's failure; a
 #          site with another --lr is refused before any work (both sites say which flag);
 #          sites with different rank counts are refused; --site without its flags is refused.
+# resume:  K = 2 sites of DiLoCoX stopped at step 10 (--stop-after) and resumed under a new
+#          --run-id: the summary of one uninterrupted mpirun, on both sites; a relaunch under
+#          the run id the store already holds is refused by both sites, saying so.
 set -euo pipefail
 trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 case_name=$1 train=$2 shards=$3 work=$4 mpiexec=$5
@@ -113,6 +116,33 @@ faults)
     [[ $rc == 2 && $(wc -l <b.err) == 1 ]] || fail "'$bad': exit $rc, $(cat b.err)"
     echo "ok: $bad -> $(cat b.err)"
   done
+  ;;
+resume)
+  flags=("${common[@]}" --sync dilocox)
+  mpi 2 "$train" "${flags[@]}" >one.txt
+  sites 1 a "${flags[@]}" --checkpoint-dir ck --stop-after 10
+  [[ $r0 == 0 && $r1 == 0 ]] || fail "the stopped sites exited $r0 $r1: $(cat a.*.err)"
+  [[ $(field steps a.0.txt) == 10 ]] || fail "the stopped run did not stop at step 10: $(cat a.0.txt)"
+  sites 1 b "${flags[@]}" --checkpoint-dir ck --resume
+  [[ $r0 == 0 && $r1 == 0 ]] || fail "the resumed sites exited $r0 $r1: $(cat b.*.err)"
+  for key in final_eval_loss wire_bytes syncs replicas_identical steps; do
+    want=$(field $key one.txt)
+    for s in 0 1; do
+      got=$(field $key b.$s.txt)
+      [[ $got == "$want" ]] || fail "resumed site $s $key $got, one uninterrupted mpirun $want"
+    done
+  done
+  echo "ok: 2 sites stopped at step 10 and resumed = one uninterrupted mpirun: final eval loss" \
+       "$(field final_eval_loss one.txt), wire $(field wire_bytes one.txt) bytes"
+  # The same run id again: the store holds its keys; both sites refuse, saying so.
+  site_flags=(--rendezvous "file://$work/store$run" --run-id "t$run" --gloo-interface lo)
+  site 1 0 c "${flags[@]}" --checkpoint-dir ck2
+  p0=$pid
+  site 1 1 c "${flags[@]}" --checkpoint-dir ck2
+  both_end $p0 $pid
+  [[ $r0 != 0 && $r1 != 0 ]] || fail "a relaunch under the same run id: exits $r0 $r1"
+  for s in 0 1; do grep -q 'needs a new --run-id' c.$s.err || fail "site $s: $(cat c.$s.err)"; done
+  echo "ok: a relaunch under the same --run-id: exits $r0 $r1: $(head -1 c.0.err | cut -c1-160)"
   ;;
 *) fail "unknown case $case_name" ;;
 esac

@@ -15,6 +15,7 @@
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/common/error.h>
+#include <gloo/common/logging.h>
 #include <gloo/config.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
@@ -160,10 +161,21 @@ class GlooCommunicator {
     } catch (const gloo::Exception& e) {
       broken_ = std::string(op) + ": " + e.what();
       throw Error(where(op) + ": " + e.what());
+    } catch (const gloo::EnforceNotMet& e) {  // Gloo's failed checks, e.g. a key the store already holds
+      broken_ = std::string(op) + ": " + e.what();
+      throw Error(where(op) + ": " + e.what() + stale_store_hint(e.what()));
     } catch (const Error& e) {
       broken_ = std::string(op) + ": " + e.what();
       throw;
     }
+  }
+  // A group that meets under a prefix the store already holds (a restarted run that kept
+  // its name) finds the earlier meeting's keys.
+  static std::string stale_store_hint(std::string_view what) {
+    return what.find("already exists") != std::string_view::npos || what.find("already set") != std::string_view::npos
+               ? " (the store already holds this group's keys from an earlier meeting: give a restarted run a new "
+                 "prefix, or empty the store)"
+               : "";
   }
   std::string where(const char* op) const {
     return "GlooCommunicator::" + std::string(op) + " (rank " + std::to_string(rank_) + " of " +
