@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """The method study (docs/RESULTS.md, "The study: protocol"): every --sync method of
 dilocox-train tuned on one seed with the same budget of runs, then run on held-out seeds at
-the chosen setting, at several byte budgets, at 4 clusters, and timed on two emulated links.
+the chosen setting, at several byte budgets, with DiLoCoX's levers, at 4 clusters, and timed on two emulated links.
 Each run's summary is kept as OUT/runs/NAME.json; a run whose file exists is skipped, so an
 interrupted study resumes where it stopped. At the end scripts/frontier_report.py summarises
 OUT (report.md, frontier.png).
 
-  frontier.py [--quick] [--out DIR] [--train BIN] [--data-dir DIR] [--stages tune,heldout,frontier,k4,throughput]
+  frontier.py [--quick] [--out DIR] [--train BIN] [--data-dir DIR] [--stages tune,heldout,frontier,levers,k4,throughput]
 """
 import argparse
 import json
@@ -35,6 +35,19 @@ QUICK = {
 RATIOS = {"opt-1.3b": 23880 / 745 - 1, "107b": 3728 / 10.4 - 1}
 
 OUTER = [[], ["--outer-momentum", "0.9"], ["--outer-lr", "1.0"], ["--outer-lr", "0.4"]]
+
+# DiLoCoX's levers (RESULTS, "Why DiLoCoX is not the best above 1 MB"), each on its tuned
+# setting at the frontier's seeds: name -> the flags added.
+LEVERS = {
+    "rank32": ["--rank", "32", "--max-rank", "64"],              # spend more bytes on rank
+    "fixed_rank": ["--no-adaptive"],                               # rank 8 and H 20 throughout
+    "fixed_rank32": ["--no-adaptive", "--rank", "32"],             # rank 32 and H 20 throughout
+    "int8_half_rank": ["--bits", "8", "--rank", "4", "--max-rank", "16"],  # about the same bytes, finer factors
+    "decayed_feedback": ["--outer-momentum", "0", "--knob", "error_decay=0.95"],  # SparseLoCo's memory
+}
+
+
+STAGES = ("tune", "heldout", "frontier", "levers", "k4", "throughput")
 
 
 def methods(h, f):
@@ -156,6 +169,13 @@ class Study:
         for m in self.methods:
             self.run(f"k4-{m}-s{s}", {"stage": "k4", "method": m, "seed": s}, self.common(4, s) + self.setting(m), 4)
 
+    def levers(self):
+        for name, flags in LEVERS.items():
+            for s in self.cfg["seeds"][: self.cfg["frontier_seeds"]]:
+                self.run(f"lever-dilocox-{name}-s{s}", {"stage": "lever", "method": "dilocox", "lever": name,
+                                                        "budget": flags, "seed": s},
+                         self.common(self.cfg["clusters"], s) + self.setting("dilocox") + flags, self.cfg["clusters"])
+
     def throughput(self):
         """Each method unthrottled, then on two links whose rates give AllReduce the paper's
         communication/compute ratios: rate = AllReduce's bytes per step and site / (ratio x
@@ -186,7 +206,7 @@ def main():
     ap.add_argument("--out", default=None, help="output folder (default out/frontier or out/frontier-quick)")
     ap.add_argument("--train", default="build/reference_trainer/dilocox-train")
     ap.add_argument("--data-dir", default="data/brown", help="train.bin and val.bin (scripts/prepare_data.sh)")
-    ap.add_argument("--stages", default="tune,heldout,frontier,k4,throughput")
+    ap.add_argument("--stages", default=",".join(STAGES))
     args = ap.parse_args()
     args.out = args.out or ("out/frontier-quick" if args.quick else "out/frontier")
     if not os.access(args.train, os.X_OK):
@@ -196,8 +216,8 @@ def main():
         json.dump({"quick": args.quick, "config": study.cfg, "ratios": RATIOS,
                    "methods": {m: {"flags": v["flags"], "tune": study.tuning(m)} for m, v in study.methods.items()}}, f)
     for stage in args.stages.split(","):
-        if stage not in ("tune", "heldout", "frontier", "k4", "throughput"):
-            sys.exit(f"frontier: unknown stage '{stage}' (tune, heldout, frontier, k4, throughput)")
+        if stage not in STAGES:
+            sys.exit(f"frontier: unknown stage '{stage}' ({', '.join(STAGES)})")
         getattr(study, stage)()
     print(f"frontier: {study.ran} run(s) made, {study.skipped} kept from before, in {args.out}/runs")
     frontier_report.report(args.out)

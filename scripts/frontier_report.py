@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Summarises a study made by scripts/frontier.py: frontier_report.py OUT reads OUT/runs/*.json
 and writes OUT/report.md (tuning, held-out seeds, the frontier with the best method at each
-byte budget, 4 clusters, throughput) and, with gnuplot, OUT/frontier.png (final eval loss
+byte budget, DiLoCoX's levers, 4 clusters, throughput) and, with gnuplot, OUT/frontier.png (final eval loss
 against wire bytes per replica, log-x, one line per method, AllReduce as a horizontal line).
 Bytes are those every replica put on the wire over the run (dilocox-train's wire_bytes over
 the clusters); a ratio is against AllReduce's bytes at the same tokens."""
@@ -103,11 +103,36 @@ def best_table(pts):
     return out
 
 
-def simple_table(runs, stage, header):
-    out = [header, "|---|---:|---:|"]
+def k4_table(runs):
+    """Each method at 4 clusters beside its held-out run at 2 clusters on the same seed."""
+    out = ["| method | 4 clusters: final eval loss | bytes per replica | 2 clusters, same seed: final eval loss | "
+           "bytes per replica |", "|---|---:|---:|---:|---:|"]
+    two = {(r["method"], r["seed"]): r for r in runs if r["stage"] == "heldout"}
     for r in runs:
-        if r["stage"] == stage:
-            out.append(f"| {r['method']} | {fmt_loss(loss(r))} | {fmt_bytes(per_replica_bytes(r))} |")
+        if r["stage"] == "k4":
+            t = two.get((r["method"], r["seed"]))
+            cells = f"{fmt_loss(loss(t))} | {fmt_bytes(per_replica_bytes(t))}" if t else "- | -"
+            out.append(f"| {r['method']} | {fmt_loss(loss(r))} | {fmt_bytes(per_replica_bytes(r))} | {cells} |")
+    return out
+
+
+def levers_table(runs):
+    """DiLoCoX's levers beside its chosen setting on the same seeds."""
+    out = ["| DiLoCoX lever | flags added | bytes per replica | final eval loss, median [min, max] | seeds |",
+           "|---|---|---:|---|---:|"]
+    g = {}
+    for r in runs:
+        if r["stage"] == "lever":
+            g.setdefault(r["lever"], []).append(r)
+    seeds = {r["seed"] for rs in g.values() for r in rs}
+    chosen = [r for r in runs if r["stage"] == "heldout" and r["method"] == "dilocox" and (r["seed"] in seeds or not seeds)]
+    for name, flags, rs in [("none (the chosen setting)", "-", chosen)] + [(n, " ".join(rs[0]["budget"]), rs)
+                                                                          for n, rs in g.items()]:
+        if rs:
+            med, lo, hi = spread(rs)
+            by = statistics.median(per_replica_bytes(r) for r in rs)
+            out.append(f"| {name} | {flags} | {fmt_bytes(by)} | {fmt_loss(med)} [{fmt_loss(lo)}, {fmt_loss(hi)}] | "
+                       f"{len(rs)} |")
     return out
 
 
@@ -133,7 +158,7 @@ def throughput_table(runs):
                 cells.append("-")
                 continue
             t = r["summary"]["tokens_per_second"]
-            cells.append(f"{t:,.0f} ({t / base:.2f})")
+            cells.append(f"{t:,.0f} ({t / base:.3f})")
             same = same and r["summary"].get("final_eval_loss") == free["summary"].get("final_eval_loss")
             if m == "allreduce":
                 rates.append(f"{l}: {r['bits_per_second'] / 1e6:.3g} Mbit/s")
@@ -181,8 +206,9 @@ def report(out):
     lines += ["", "## Frontier (held-out seeds; 'chosen' is the tuned setting)", ""]
     lines += frontier_table(pts, allreduce_bytes)
     lines += ["", "## Best method at each byte budget", ""] + best_table(pts)
+    lines += ["", "## DiLoCoX's levers (frontier seeds)", ""] + levers_table(runs)
     lines += ["", "## 4 clusters (first held-out seed)", ""]
-    lines += simple_table(runs, "k4", "| method | final eval loss | bytes per replica |")
+    lines += k4_table(runs)
     lines += ["", "## Throughput (links: " + "; ".join(rates) + ")", ""] + tp
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/frontier.sh --quick end to end on synthetic shards: every stage runs, the report
-# names every method, each method's loss is the same unthrottled and on both shaped links,
+# names every method and DiLoCoX's levers, each method's loss is the same unthrottled and on both shaped links,
 # a second invocation runs nothing, and a removed run is made again (and only it).
 #   frontier_test.sh REPO TRAIN SHARDS WORKDIR
 set -euo pipefail
@@ -19,6 +19,9 @@ report=q/report.md
 for m in allreduce diloco_fp32 diloco_int4 diloco_int4_frag cocktail sparseloco dilocox dilocox_frag; do
   grep -q "^| $m | chosen |" "$report" || fail "no held-out row for $m in $report"
   grep -q "^| $m | [0-9,]* | " "$report" || fail "no throughput row for $m in $report"
+done
+for l in rank32 fixed_rank fixed_rank32 int8_half_rank decayed_feedback; do
+  grep -q "^| $l | " "$report" || fail "no row for DiLoCoX's lever $l in $report"
 done
 ! grep -q '| NO |$' "$report" || fail "a method's loss changed with the link: $(grep '| NO |$' "$report")"
 if command -v gnuplot >/dev/null; then [[ -s q/frontier.png ]] || fail "no frontier.png"; fi
