@@ -185,7 +185,7 @@ def plot(out, pts, allreduce_loss):
     if not lines:  # a study stopped before its held-out runs
         print("frontier_report: no held-out runs yet, no plot", file=sys.stderr)
         return
-    script = (f"set terminal pngcairo size 900,600; set output '{os.path.join(out, 'frontier.png')}';"
+    script = (f"set terminal pngcairo size 900,600 noenhanced; set output '{os.path.join(out, 'frontier.png')}';"
               "set logscale x; set xlabel 'bytes on the wire per replica'; set ylabel 'final eval loss (median, "
               "min-max over seeds)'; set key outside right; set grid;" + "plot " + ", ".join(lines))
     subprocess.run(["gnuplot", "-e", script], check=True)
