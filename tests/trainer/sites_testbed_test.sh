@@ -58,12 +58,16 @@ for s in 0 1 2; do
 done
 echo "ok: (a) 3 sites in the testbed = one mpirun: final eval loss $want on every site"
 
-# (d) The store restarted while the sites train.
-"$mpiexec" -n 3 --oversubscribe --allow-run-as-root "$train" "${flags[@]}" --tokens 60000 >one_long.txt
-start_sites d-$name d --tokens 60000
-sleep 3
-for p in "${pids[@]}"; do kill -0 "$p" || fail "(d) a site ended before the store restarted: $(cat d.*.err)"; done
+# (d) The store restarted while the sites train: once site 0 has logged its first steps, and
+# with every site still running after the restart.
+"$mpiexec" -n 3 --oversubscribe --allow-run-as-root "$train" "${flags[@]}" --tokens 300000 >one_long.txt
+start_sites d-$name d --tokens 300000 --metrics "$work/d.metrics"
+for _ in $(seq 200); do
+  [[ $(grep -c '"type":"step"' "$work/d.metrics" 2>/dev/null) -ge 5 ]] && break
+  sleep 0.1
+done
 "$testbed" restart-store --name "$name"
+for p in "${pids[@]}"; do kill -0 "$p" || fail "(d) a site ended before the store had restarted: $(cat d.*.err)"; done
 wait_sites
 [[ ${codes[*]} == "0 0 0" ]] || fail "(d) after the store restarted the sites exited ${codes[*]}: $(cat d.*.err)"
 want=$(field final_eval_loss one_long.txt)
