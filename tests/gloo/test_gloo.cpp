@@ -10,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <numeric>
@@ -117,6 +119,30 @@ TEST_F(GlooRanks, AllreduceSumsOverRanks) {
   for (const auto& e : exits) EXPECT_EQ(e.code, 0);
 }
 
+// Sums of fractions, whose bits depend on the order of additions: every rank must end
+// with the same bits (the outer loop relies on it), at sizes that do not divide evenly.
+TEST_F(GlooRanks, AllreduceGivesTheSameBitsOnEveryRank) {
+  const auto exits = run(4, [](int rank, int size, const dx::GlooOptions& o) {
+    dx::GlooCommunicator c(rank, size, o);
+    for (std::size_t n : {std::size_t{3}, std::size_t{1001}, std::size_t{65537}}) {
+      std::vector<float> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = 1.0f / static_cast<float>(3 + i + 7 * static_cast<std::size_t>(rank));
+      c.allreduce_sum(x);
+      std::vector<float> all(n * static_cast<std::size_t>(size));
+      c.allgather(std::as_bytes(std::span(x)), std::as_writable_bytes(std::span(all)));
+      for (int r = 0; r < size; ++r)
+        CHECK_OR_FAIL(std::memcmp(all.data() + r * n, x.data(), n * sizeof(float)) == 0);
+      for (std::size_t i = 0; i < n; ++i) {
+        double want = 0;
+        for (int r = 0; r < size; ++r) want += 1.0 / static_cast<double>(3 + i + 7 * static_cast<std::size_t>(r));
+        CHECK_OR_FAIL(std::abs(x[i] - want) <= 1e-6 * want);
+      }
+    }
+    return 0;
+  });
+  for (const auto& e : exits) EXPECT_EQ(e.code, 0);
+}
+
 TEST_F(GlooRanks, AllgatherSendrecvBarrierAndAsyncKeepProgramOrder) {
   const auto exits = run(3, [](int rank, int size, const dx::GlooOptions& o) {
     dx::GlooCommunicator c(rank, size, o);
@@ -192,6 +218,47 @@ TEST_F(GlooRanks, ADeadPeerIsAnErrorWellBeforeTheTimeout) {
   EXPECT_EQ(exits[0].code, 2);
   EXPECT_EQ(exits[1].code, 2);
   EXPECT_LT(std::max(exits[0].seconds, exits[1].seconds), 15.0) << "the survivors waited out the timeout";
+}
+
+// A peer that dies while this rank's bytes to it are still queued: Gloo fails the
+// receives posted on a broken connection but not a queued send, and a wait on that send
+// alone used to last the whole timeout. Rank 1 sends its byte and stops (SIGSTOP) while
+// rank 0's 256 MB are on their way; rank 0 kills it and must fail at once, not at 20 s.
+TEST_F(GlooRanks, APeerThatDiesWhileBytesToItAreQueuedIsAnErrorAtOnce) {
+  const std::string pid_file = dir_ + "/victim.pid";
+  const auto exits = run(2, [&](int rank, int size, const dx::GlooOptions& o) -> int {
+    dx::GlooCommunicator c(rank, size, o);
+    c.barrier();
+    std::vector<std::byte> big(std::size_t{256} << 20, std::byte{1}), one(1, std::byte{2});
+    if (rank == 1) {
+      std::FILE* f = std::fopen(pid_file.c_str(), "w");
+      CHECK_OR_FAIL(f != nullptr);
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+      c.sendrecv(one, 0, big, 0);  // once whole (the workspace grows to its size)
+      std::thread([] {
+        std::this_thread::sleep_for(milliseconds(30));
+        kill(getpid(), SIGSTOP);
+      }).detach();
+      c.sendrecv(one, 0, big, 0);  // stopped in the middle of it, then killed
+      return 1;
+    }
+    std::thread([&] {
+      std::this_thread::sleep_for(milliseconds(1500));
+      int victim = 0;
+      if (std::FILE* f = std::fopen(pid_file.c_str(), "r")) {
+        if (std::fscanf(f, "%d", &victim) != 1) victim = 0;
+        std::fclose(f);
+      }
+      if (victim > 0) kill(victim, SIGKILL);
+    }).detach();
+    c.sendrecv(big, 1, one, 1);
+    c.sendrecv(big, 1, one, 1);
+    return 1;
+  });
+  EXPECT_EQ(exits[0].code, 2);
+  EXPECT_LT(exits[0].seconds, 8.0) << "rank 0 waited for its 20 s timeout";
+  EXPECT_EQ(exits[1].code, 128 + SIGKILL);
 }
 
 TEST_F(GlooRanks, AfterATimeoutEveryOperationFailsAtOnce) {
