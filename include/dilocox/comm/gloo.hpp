@@ -123,10 +123,6 @@ class GlooCommunicator {
   }
   GlooCommunicator(const GlooCommunicator&) = delete;
   GlooCommunicator& operator=(const GlooCommunicator&) = delete;
-  ~GlooCommunicator() {
-    for (auto& w : watches_) w.buffer->abortWaitRecv();
-    for (auto& w : watches_) w.thread.join();
-  }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -228,16 +224,25 @@ class GlooCommunicator {
   // never matched. Gloo fails the receives posted on a connection that breaks, but not a
   // send still queued on it, so a wait on such a send alone would last the whole timeout;
   // the watcher marks the peer lost and wakes the operation's waits (exchange()).
+  // A Watch stops its thread when destroyed (also when the constructor fails midway).
   struct Watch {
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     std::thread thread;
+    explicit Watch(std::unique_ptr<gloo::transport::UnboundBuffer> b) : buffer(std::move(b)) {}
+    Watch(Watch&&) noexcept = default;
+    Watch& operator=(Watch&&) = delete;
+    ~Watch() {
+      if (!thread.joinable()) return;
+      buffer->abortWaitRecv();
+      thread.join();
+    }
   };
   void watch_peers() {
     lost_ = std::make_unique<std::atomic<bool>[]>(static_cast<std::size_t>(size_));
     lost_why_.assign(static_cast<std::size_t>(size_), "");
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      Watch w{context_->createUnboundBuffer(nullptr, 0), {}};
+      Watch w(context_->createUnboundBuffer(nullptr, 0));
       w.buffer->recv(p, watch_slot, 0, 0);
       w.thread = std::thread([this, p, b = w.buffer.get()] { watch(p, *b); });
       watches_.push_back(std::move(w));
@@ -401,7 +406,7 @@ class GlooCommunicator {
   std::mutex buffer_mutex_;                                 // buffer_ and lost_why_ against the watchers
   std::unique_ptr<std::atomic<bool>[]> lost_;               // (ranks) whose connection broke
   std::vector<std::string> lost_why_;                       // (ranks) Gloo's message when it did
-  std::vector<Watch> watches_;                              // (peers)
+  std::vector<Watch> watches_;  // (peers) after what their threads use: stopped first
   std::string broken_;      // the first failure, once there was one
   SerialExecutor executor_;  // last: joined first, while the members its tasks use are alive
 };
