@@ -322,6 +322,58 @@ TEST(OuterLoop, OverlapHidesTheLinkBehindCompute) {
   }
 }
 
+// A replica that takes another's state (a site joining a running group) starts from
+// theta and owes nothing: its phi is theta, its error feedback is empty, and the group
+// still holds identical global parameters after the next sync. Not with a reduction in
+// flight (overlap).
+TEST(OuterLoop, RestartFromGlobalTakesThetaAndDropsTheDebt) {
+  const LeastSquares prob(2, kDin, kDout, 64, 0.05f, 6);
+  std::vector<std::uint64_t> hash(2);
+  run_ranks(2, [&](dx::ThreadCommunicator& c) {
+    LeastSquaresReplica rep(prob, c.rank(), 0.003f);
+    auto cfg = dilocox_config();
+    cfg.overlap = false;
+    dx::OuterLoop loop(c, tensors(rep), dx::SparseLoCoCompressor(), cfg);
+    for (int t = 0; t < 3; ++t) {
+      for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+      loop.end_round();
+    }
+    const auto* sparse = loop.compressor().get<dx::SparseLoCoCompressor>();
+    const auto owed = [&] {
+      double s = 0;
+      for (std::size_t i = 0; i < loop.tensor_count(); ++i)
+        for (float v : sparse->accumulator(i)) s += std::abs(v);
+      return s;
+    };
+    EXPECT_GT(owed(), 0.0);
+    if (c.rank() == 1) {
+      loop.restart_from_global();
+      EXPECT_EQ(owed(), 0.0);
+      EXPECT_TRUE(std::equal(loop.global(0).begin(), loop.global(0).end(), rep.w.data()));
+      EXPECT_TRUE(std::equal(loop.global(1).begin(), loop.global(1).end(), rep.b.data()));
+    }
+    for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+    loop.end_round();
+    hash[static_cast<std::size_t>(c.rank())] = global_hash(loop);
+    loop.finish();
+  });
+  EXPECT_EQ(hash[0], hash[1]);
+  run_ranks(2, [&](dx::ThreadCommunicator& c) {
+    LeastSquaresReplica rep(prob, c.rank(), 0.003f);
+    dx::OuterLoop loop(c, tensors(rep), dx::SparseLoCoCompressor(), dilocox_config());  // overlap on
+    for (int h = 0; h < loop.local_steps(); ++h) rep.adam_step();
+    loop.end_round();
+    std::string what;
+    try {
+      loop.restart_from_global();
+    } catch (const dx::Error& e) {
+      what = e.what();
+    }
+    EXPECT_THAT(what, HasSubstr("in flight"));
+    loop.finish();
+  });
+}
+
 // A checkpoint of the outer loop mid-run (with a reduction in flight under overlap):
 // a fresh loop that loads it continues bit for bit as the uninterrupted one.
 TEST(OuterLoop, SavedStateContinuesBitForBit) {

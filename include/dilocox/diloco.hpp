@@ -297,6 +297,25 @@ class OuterLoop {
     return w.bytes();
   }
 
+  // This replica starts over from the global parameters, as a site does that joins a
+  // running group with another replica's state (dilocox/comm/elastic.hpp): phi and every
+  // sync anchor become theta, and what the state's replica still owed (the compressor's
+  // error feedback) is dropped; the outer momentum is kept. Only with no reduction in
+  // flight (overlap off, or before the first sync).
+  void restart_from_global() {
+    const bool idle = background_.pending() == 0 &&
+                      std::none_of(fragments_.begin(), fragments_.end(), [](const Fragment& f) { return f.pending; });
+    detail::require(idle, "OuterLoop::restart_from_global", "a reduction is in flight (overlapped syncs): not possible");
+    detail::require(compressor_.forget_owed(), "OuterLoop::restart_from_global",
+                    "compressor '" + compressor_.describe() + "' keeps state but has no forget_owed()");
+    rewritten_.clear();
+    for (std::size_t t = 0; t < params_.size(); ++t) {
+      std::copy(theta_[t].begin(), theta_[t].end(), params_[t].data.begin());
+      std::copy(theta_[t].begin(), theta_[t].end(), anchor_[t].begin());
+      rewritten_.push_back(t);
+    }
+  }
+
   void load_state(std::span<const std::byte> bytes) {
     detail::require(background_.pending() == 0 && completed_.empty() && round_ == 0 && next_sync_ == 0,
                     "OuterLoop::load_state", "load state into a freshly built loop, before its first step");

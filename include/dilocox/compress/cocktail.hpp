@@ -116,6 +116,9 @@ class CocktailCompressor {
   void save_state(StateWriter& w) const {
     for (const auto& e : ef_) w.values(e.residual());
   }
+  void forget_owed() {
+    for (auto& e : ef_) std::fill(e.residual().begin(), e.residual().end(), 0.0f);
+  }
   void load_state(StateReader& r) {
     for (auto& e : ef_) r.values(e.residual());
   }

@@ -100,11 +100,15 @@ concept Compressor = std::move_constructible<T> &&
 //   std::uint64_t state_bytes(std::span<const TensorSpec>) const;
 //                              host bytes of its per-tensor state for those tensors (planning)
 //   NesterovConfig outer_step() const;   the outer step the method is designed for
+//   void forget_owed();        drops what this replica still owes (error feedback): a
+//                              replica that took another's state starts owing nothing
 template <class T>
 concept CompressorWithState = requires(T& c, const T& cc, StateWriter& w, StateReader& r) {
   cc.save_state(w);
   c.load_state(r);
 };
+template <class T>
+concept CompressorWithDebt = requires(T& c) { c.forget_owed(); };
 template <class T>
 concept CompressorWithWireBytes = requires(const T& c, std::span<const TensorSpec> specs, int k) {
   { c.wire_bytes(specs, k) } -> std::convertible_to<std::uint64_t>;
@@ -133,6 +137,8 @@ class AnyCompressor {
   void save_state(StateWriter& w) const { self_->save_state(w); }
   void load_state(StateReader& r) { self_->load_state(r); }
   bool has_state() const { return self_->has_state(); }
+  // false: the compressor keeps state but cannot drop a replica's debt.
+  bool forget_owed() { return self_->forget_owed(); }
   // nullopt when the compressor does not say.
   std::optional<std::uint64_t> wire_bytes(std::span<const TensorSpec> specs, int replicas) const {
     return self_->wire_bytes(specs, replicas);
@@ -163,6 +169,7 @@ class AnyCompressor {
     virtual void save_state(StateWriter&) const = 0;
     virtual void load_state(StateReader&) = 0;
     virtual bool has_state() const = 0;
+    virtual bool forget_owed() = 0;
     virtual std::optional<std::uint64_t> wire_bytes(std::span<const TensorSpec>, int) const = 0;
     virtual std::optional<std::uint64_t> state_bytes(std::span<const TensorSpec>) const = 0;
     virtual std::optional<NesterovConfig> outer_step() const = 0;
@@ -182,6 +189,10 @@ class AnyCompressor {
       if constexpr (CompressorWithState<T>) c.load_state(r);
     }
     bool has_state() const override { return CompressorWithState<T>; }
+    bool forget_owed() override {
+      if constexpr (CompressorWithDebt<T>) c.forget_owed();
+      return CompressorWithDebt<T> || !CompressorWithState<T>;
+    }
     std::optional<std::uint64_t> wire_bytes(std::span<const TensorSpec> s, int k) const override {
       if constexpr (CompressorWithWireBytes<T>) return static_cast<std::uint64_t>(c.wire_bytes(s, k));
       return std::nullopt;

@@ -5,6 +5,7 @@
 // Not here: sparsification (cocktail.hpp, sparse.hpp), low rank (lowrank.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -85,6 +86,9 @@ class DenseCompressor {
 
   void save_state(StateWriter& w) const {
     for (const auto& e : ef_) w.values(e.residual());
+  }
+  void forget_owed() {
+    for (auto& e : ef_) std::fill(e.residual().begin(), e.residual().end(), 0.0f);
   }
   void load_state(StateReader& r) {
     for (auto& e : ef_) r.values(e.residual());

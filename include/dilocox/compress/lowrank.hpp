@@ -146,6 +146,9 @@ class LowRankCompressor {
       if (mx.controller) mx.controller->save_state(w);
     }
   }
+  void forget_owed() {
+    for (auto& e : ef_) std::fill(e.residual().begin(), e.residual().end(), 0.0f);
+  }
   void load_state(StateReader& r) {
     for (auto& e : ef_) r.values(e.residual());
     for (auto& mx : matrices_) {

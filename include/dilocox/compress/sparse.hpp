@@ -130,6 +130,9 @@ class SparseLoCoCompressor {
   void save_state(StateWriter& w) const {
     for (const auto& e : acc_) w.values(std::span<const float>(e));
   }
+  void forget_owed() {
+    for (auto& e : acc_) std::fill(e.begin(), e.end(), 0.0f);
+  }
   void load_state(StateReader& r) {
     for (auto& e : acc_) r.values(std::span<float>(e));
   }

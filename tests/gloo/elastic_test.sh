@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Elastic membership on loopback (dilocox/comm/elastic.hpp, driven by elastic_site): three
+# founding sites train 30 rounds; site 1 is killed (kill -9) after round 3 and started
+# again after round 5; a new site 3 joins after round 4; a site with another
+# configuration (--dim) asks to join after round 7 and is refused with the difference
+# named; site 2 is sent SIGTERM after round 10 and leaves at a round boundary. Passes when
+# the sites that finish hold identical global parameters, each event happened, and the
+# survivors' wait after the kill stayed within the settle time plus 5 s.
+# Usage: elastic_test.sh path/to/elastic_site [rounds]
+set -euo pipefail
+site_bin=$1
+rounds=${2:-30}
+dir=$(mktemp -d /tmp/dilocox_elastic_XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  [[ -n ${KEEP:-} ]] && echo "elastic_test: logs in $dir" || rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "elastic_test: FAIL: $*"; for f in "$dir"/*.log; do echo "--- $f"; tail -5 "$f"; done; exit 1; }
+
+settle_ms=2000
+start_site() {  # start_site NAME SITE [extra flags]: background, logs in $dir/NAME.{out,err}.log
+  local name=$1 site=$2
+  shift 2
+  "$site_bin" --store "file://$dir" --run elastic --site "$site" --founders 3 --rounds "$rounds" --steps 5 \
+    --pace-ms 25 --timeout-ms 10000 --settle-ms $settle_ms "$@" >"$dir/$name.out.log" 2>"$dir/$name.err.log" &
+  pids+=($!)
+  eval "pid_$name=$!"
+}
+# The last round site 0 completed.
+round_of_0() { grep -o '"event":"round","site":0,"round":[0-9]*' "$dir/s0.out.log" 2>/dev/null | tail -1 | grep -o '[0-9]*$' || echo 0; }
+wait_round() {  # wait_round N: until site 0 has completed round N (60 s at most)
+  for _ in $(seq 600); do
+    (($(round_of_0) >= $1)) && return 0
+    sleep 0.1
+  done
+  fail "site 0 never reached round $1"
+}
+
+start_site s0 0
+start_site s1 1
+start_site s2 2
+wait_round 3
+kill -9 "$pid_s1"
+echo "elastic_test: killed site 1 after round $(round_of_0)"
+wait_round 4
+start_site s3 3
+echo "elastic_test: site 3 asks to join after round $(round_of_0)"
+wait_round 5
+start_site s1b 1
+echo "elastic_test: site 1 restarted after round $(round_of_0)"
+wait_round 7
+start_site bad 4 --dim 16
+wait_round 10
+kill -TERM "$pid_s2"
+echo "elastic_test: SIGTERM to site 2 after round $(round_of_0)"
+
+for name in s0 s1b s3 s2 bad; do
+  p=pid_$name
+  code=0
+  wait "${!p}" || code=$?
+  if [[ $name == bad ]]; then
+    [[ $code == 1 ]] || fail "the site with another configuration exited $code, not 1"
+  else
+    [[ $code == 0 ]] || fail "site $name exited $code"
+  fi
+done
+
+grep -q 'refused by the run.s sites: its configuration differs from the run.s: dim .16. (the run.s: .24.)' "$dir/bad.err.log" ||
+  fail "the refusal does not name the differing flag: $(cat "$dir/bad.err.log")"
+grep -q '"event":"left","site":2' "$dir/s2.out.log" || fail "site 2 did not leave at a boundary"
+grep -q '"event":"joined","site":3' "$dir/s3.out.log" || fail "site 3 did not join"
+grep -q '"event":"joined","site":1' "$dir/s1b.out.log" || fail "site 1 did not rejoin"
+done_lines=$(cat "$dir"/s0.out.log "$dir"/s1b.out.log "$dir"/s3.out.log | grep '"event":"done"')
+[[ $(echo "$done_lines" | wc -l) == 3 ]] || fail "not every remaining site finished: $done_lines"
+echo "$done_lines" | grep -q "\"round\":$rounds" || fail "the run did not reach round $rounds"
+sums=$(echo "$done_lines" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l)
+[[ $sums == 1 ]] || fail "the sites end with different global parameters: $done_lines"
+echo "$done_lines" | grep -q '"sites":\[0,1,3\]' || fail "the final membership is not sites 0, 1, 3: $done_lines"
+waits=$(grep -ho '"event":"recovered".*' "$dir"/s0.out.log "$dir"/s2.out.log | grep -o '"waited_s":[0-9.]*' | cut -d: -f2)
+[[ -n $waits ]] || fail "no survivor recovered from the kill"
+for w in $waits; do
+  awk -v w="$w" -v s=$settle_ms 'BEGIN { exit !(w <= s / 1000 + 5) }' || fail "a survivor waited $w s after the kill"
+done
+echo "elastic_test: survivors waited $(echo $waits | tr '\n' ' ')s after the kill (settle ${settle_ms} ms)"
+echo "elastic_test: final $(echo "$done_lines" | head -1)"
+echo "elastic_test: PASS"
