@@ -63,7 +63,8 @@ class Checkpoint {
     return n;
   }
 
-  void write_atomically(const std::filesystem::path& path) const {
+  // The file's bytes (also what an elastic site sends a joining one).
+  std::vector<std::byte> bytes() const {
     std::vector<std::byte> out;
     auto append = [&](const void* p, std::size_t n) {
       const auto* b = static_cast<const std::byte*>(p);
@@ -83,7 +84,11 @@ class Checkpoint {
     }
     const std::uint64_t sum = checksum64(out);
     append(&sum, 8);
+    return out;
+  }
 
+  void write_atomically(const std::filesystem::path& path) const {
+    const std::vector<std::byte> out = bytes();
     const auto tmp = path.string() + ".tmp";
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     dilocox::detail::require(fd >= 0, "Checkpoint", "cannot create " + tmp + ": " + std::strerror(errno));
@@ -125,7 +130,11 @@ class Checkpoint {
     f.seekg(0);
     f.read(reinterpret_cast<char*>(in.data()), static_cast<std::streamsize>(in.size()));
     dilocox::detail::require(static_cast<bool>(f), "Checkpoint", "cannot read " + p);
-    auto fail = [&](const std::string& why) { throw Error("checkpoint " + p + " refused: " + why); };
+    return parse(in, "checkpoint " + p);
+  }
+  // A checkpoint from bytes() (`what` names them in the errors).
+  static Checkpoint parse(std::span<const std::byte> in, const std::string& what) {
+    auto fail = [&](const std::string& why) { throw Error(what + " refused: " + why); };
     if (in.size() < 24) fail("truncated (" + std::to_string(in.size()) + " bytes)");
     if (std::memcmp(in.data(), magic, 8) != 0) fail("not a dilocox checkpoint (bad magic)");
     std::uint64_t stored = 0;
@@ -151,8 +160,8 @@ class Checkpoint {
       std::memcpy(&len, in.data() + at, 8);
       at += 8;
       if (end - at < len) fail("section '" + name + "' runs past the end");
-      c.sections_[name].assign(in.begin() + static_cast<std::ptrdiff_t>(at),
-                               in.begin() + static_cast<std::ptrdiff_t>(at + len));
+      const auto from = in.subspan(at, static_cast<std::size_t>(len));
+      c.sections_[name].assign(from.begin(), from.end());
       at += len;
     }
     if (at != end) fail("trailing bytes after the sections");

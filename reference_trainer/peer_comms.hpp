@@ -3,13 +3,14 @@
 // and AllReduce send over (throttled by the caller), and `control`, unthrottled, for the
 // small agreements of the sync (never the data channel, whose reductions run on the outer
 // loop's background thread). One job: both are duplicates of an MPI communicator. One job
-// per site: both are Gloo groups meeting through the run's store. Not here: what goes over
-// them (cluster_sync.hpp).
+// per site: both are Gloo groups meeting through the run's store; elastic sites: both are
+// the run's ElasticGroup. Not here: what goes over them (cluster_sync.hpp).
 #pragma once
 
 #include <dilocox/comm/any.hpp>
 #include <dilocox/comm/mpi.hpp>
 #ifdef DILOCOX_TRAINER_GLOO
+#include <dilocox/comm/elastic.hpp>
 #include <dilocox/comm/gloo.hpp>
 #endif
 
@@ -40,6 +41,9 @@ class PeerComms {
         gloo_control_(std::make_unique<GlooCommunicator>(replica, replicas, named(run, position, "control"))),
         data_(*gloo_data_),
         control_(*gloo_control_) {}
+  // Elastic sites (one rank a site): both channels are the run's ElasticGroup, whose
+  // operations run in program order (the syncs do not overlap the next round there).
+  explicit PeerComms(ElasticGroup& group) : data_(group), control_(group) {}
 #endif
   PeerComms(const PeerComms&) = delete;
   PeerComms& operator=(const PeerComms&) = delete;

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -58,6 +59,10 @@ class Run {
   std::int64_t agreed_start(const std::vector<json>& reports);
   // Builds, loads the agreed step, trains to the end or a stop; the exit code.
   int train(std::int64_t start);
+  // Elastic sites (run_elastic.cpp): a site admitted into a running group receives the
+  // run's state; then train(step()) goes on from it.
+  void join_running();
+  std::int64_t step() const { return step_; }
 
  private:
   std::string where() const;
@@ -72,6 +77,7 @@ class Run {
 
   void build();
   std::unique_ptr<PeerComms> make_peers();
+  void make_sync(bool resuming);
   void load(std::int64_t start);
   bool stopped_before_training();
   bool room_for_checkpoints();
@@ -92,6 +98,28 @@ class Run {
   json summary();
   bool data_parallel_identical();
   void sync_event(const dilocox::SyncStats& rs);
+  int finish_left();
+
+  // Elastic sites (run_elastic.cpp).
+  struct Snapshot {
+    Checkpoint state;
+    bool before_sync = false;  // taken after a round's last inner step, before its sync
+  };
+  void train_loop_elastic();
+  void load_joined();
+#ifdef DILOCOX_TRAINER_GLOO
+  ElasticGroup& group();
+  void keep_snapshot(bool before_sync);
+  bool at_boundary();
+  bool roll_back(const std::string& why);
+  void adopt(const Checkpoint& c);
+  void load_state_of(const Checkpoint& c);
+  void check_same_global();
+  void membership_event(const char* kind, std::int64_t at_step, double waited, const std::string& why);
+#endif
+  std::map<std::int64_t, Snapshot> snapshots_;  // by step: the last two
+  std::optional<Checkpoint> joined_;            // the state a joining site received
+  bool left_ = false;                           // this site left the run (SIGTERM, elastic)
 
   TrainOptions o_;
   World& world_;

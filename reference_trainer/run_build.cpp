@@ -48,8 +48,7 @@ void Run::build() {
       std::fprintf(stderr, "dilocox-train: note: a cluster spans hosts; its --wan-bandwidth is shared by the ranks "
                            "of each host (%d here), not of the whole cluster\n", uplink_->sharers());
     peers_ = make_peers();
-    sync_.emplace(sync_opts_, *peers_, data_parallel, model, /*sync_tied=*/stage_ == 0,
-                  /*resuming=*/step_ > 0, *uplink_->uplink(), S);
+    make_sync(/*resuming=*/step_ > 0);
     if (sync_->per_step())
       trainer_->set_gradient_hook([this](std::span<float> g, bool finite) { return sync_->average_gradients(g, finite); });
   }
@@ -57,11 +56,23 @@ void Run::build() {
   if (!o_.dump_pseudo_gradients.empty() && replica_ == 0) dump_.emplace(o_.dump_pseudo_gradients, stage_);
 }
 
+// The sync across clusters over peers_ (again, elastic sites: over the current members).
+void Run::make_sync(bool resuming) {
+  const MPI_Comm data_parallel = layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL;
+  sync_.emplace(sync_opts_, *peers_, data_parallel, trainer_->model(), /*sync_tied=*/stage_ == 0, resuming,
+                *uplink_->uplink(), shape_.stages);
+  const auto* loop = sync_->loop();
+  if (o_.elastic > 0 && loop && (loop->config().overlap || loop->config().overlap_steps > 0))
+    throw UsageError("--elastic needs syncs that do not overlap the next round (--sync " + o_.sync +
+                     " overlaps by default): add --no-overlap --overlap-steps 0");
+}
+
 // This rank's channels to its peers in the other clusters: MPI when one job holds every
-// cluster, Gloo groups between the sites' jobs.
+// cluster, Gloo groups between the sites' jobs, the run's ElasticGroup between elastic sites.
 std::unique_ptr<PeerComms> Run::make_peers() {
   if (world_.one_job()) return std::make_unique<PeerComms>(comms_->clusters());
 #ifdef DILOCOX_TRAINER_GLOO
+  if (world_.elastic()) return std::make_unique<PeerComms>(*world_.elastic());
   return std::make_unique<PeerComms>(site_gloo(o_), layout_.peers_of(layout_.coord(rank_)), replica_, o_.clusters);
 #else
   throw dilocox::Error("internal: a site's world without Gloo");

@@ -172,6 +172,7 @@ inline const std::vector<FlagRow>& flag_table() {
         {"--dump-pseudo-gradients", ranks, [](O o) { return o.dump_pseudo_gradients.empty() ? "none" : "given"; }},
         {"--plan", ranks, [](O o) { return o.plan ? "yes" : "no"; }},
         {"--run-id", ranks, [](O o) { return o.run_id.empty() ? "none" : o.run_id; }},
+        {"--elastic", ranks, [](O o) { return std::to_string(o.elastic); }},
         // Where each site is and how it reaches the others; a run may resume in either layout.
         {"--site", local, nullptr},
         {"--rendezvous", local, nullptr},

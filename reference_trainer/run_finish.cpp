@@ -48,6 +48,7 @@ void Run::save(bool finished) {
 // After the loop: the final round and evaluation (unless stopped early), the last
 // checkpoint (never of a diverged model), the summary. Returns the exit code.
 int Run::finish() {
+  if (left_) return finish_left();
   at(Activity::finishing, step_);
   const bool finished = !interrupted_ && !diverged_ && !finished_before_;
   if (finished && rounds_) {
@@ -87,6 +88,22 @@ int Run::finish() {
   release();
   if (diverged_ || bad_eval) return 1;
   return interrupted_ && o_.checkpoint_dir.empty() && trained_here_ > 0 ? 1 : 0;
+}
+
+// An elastic site that left the run: the global model's evaluation and this site's own
+// summary (the others go on; nothing is agreed with them any more).
+int Run::finish_left() {
+  evaluate(step_);
+  progress_->finish();
+  if (world_.speaks()) {
+    const json s{{"model", shape_.model.name}, {"site", world_.site()}, {"left", true}, {"steps", step_},
+                 {"eval_loss", std::isfinite(last_eval_) ? json(last_eval_) : json(nullptr)},
+                 {"wire_bytes", sync_->wire_bytes()}, {"syncs", sync_->syncs()}};
+    std::printf("%s\n", s.dump().c_str());
+    std::fflush(stdout);
+  }
+  release();
+  return 0;
 }
 
 // The summary: wire and dense bytes of every rank, hidden fraction over all rounds.
@@ -138,7 +155,7 @@ json Run::summary() {
     // ranks included.
     s["wan_link_seconds"] = world_.reduce(sync_->link_seconds(), ReduceOp::max);
     s["comm_hidden_fraction"] = comm > 0 ? hidden / comm : 0.0;
-    s["final_rank"] = rank_sum / world_size_;
+    s["final_rank"] = rank_sum / world_.live_size();
     s["final_local_steps"] = rounds_ ? sync_->local_steps() : 1;
     s["syncs"] = sync_->syncs();
     s["dropped_syncs"] = sync_->dropped_syncs();

@@ -20,10 +20,14 @@ namespace fs = std::filesystem;
 
 int Run::train(std::int64_t start) {
   step_ = start;
-  build();
-  if (start > 0) load(start);
   progress_ = std::make_unique<ProgressLine>(world_.speaks() && !o_.quiet, total_steps_);
-  if (stopped_before_training()) return finish();
+  build();
+  const bool joined = joined_.has_value();
+  if (joined)
+    load_joined();
+  else if (start > 0)
+    load(start);
+  if (!joined && stopped_before_training()) return finish();
   if (!room_for_checkpoints()) {
     release();
     return 2;
@@ -41,6 +45,8 @@ int Run::train(std::int64_t start) {
   if (world_.speaks() && !o_.quiet) progress_->note("dilocox-train: " + checkpoint_plan());
   if (finished_before_) {
     if (world_.speaks() && !o_.quiet) progress_->note("dilocox-train: the checkpoint is the end of the run: nothing to train");
+  } else if (o_.elastic > 0) {
+    train_loop_elastic();
   } else {
     train_loop();
   }
@@ -149,11 +155,12 @@ void Run::log_step(const StepStats& st) {
 }
 
 // One allreduce over every rank after every step: stop signals, --stop-after, the
-// checkpoint clock and non-finite losses. Each rank's clock only adds a vote.
+// checkpoint clock and non-finite losses. Each rank's clock only adds a vote. An elastic
+// site's stop signal is its own: it leaves at the next round boundary.
 StepFlags Run::agree_after_step(const StepStats& st) {
   const bool time_due = !o_.checkpoint_dir.empty() && o_.checkpoint_minutes > 0 &&
                         now_seconds() - last_save_time_ >= 60.0 * o_.checkpoint_minutes;
-  int v[4] = {pending_stop_signal(), o_.stop_after > 0 && trained_here_ >= o_.stop_after ? 1 : 0, time_due ? 1 : 0,
+  int v[4] = {o_.elastic > 0 ? 0 : pending_stop_signal(), o_.stop_after > 0 && trained_here_ >= o_.stop_after ? 1 : 0, time_due ? 1 : 0,
               std::isfinite(st.loss) ? 0 : 1};
   world_.allreduce(std::span<int>(v), ReduceOp::max);
   return {v[0], v[1] != 0, v[2] != 0, v[3] != 0};

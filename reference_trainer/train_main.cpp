@@ -16,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <variant>
 
 using namespace dilocox::trainer;
@@ -48,12 +51,37 @@ int run_plan(const TrainOptions& o) {
 // main: parse, watchdog, world, agree, run
 // ---------------------------------------------------------------------------------
 
+#ifdef DILOCOX_TRAINER_GLOO
+// An elastic site's place in the run (--elastic): what a joining site must match is every
+// flag the sites agree on and the data's checksums.
+dilocox::ElasticOptions elastic_options(const TrainOptions& o) {
+  dilocox::ElasticOptions e{.gloo = site_gloo(o), .site = o.site, .founders = o.elastic};
+  std::string fingerprint;
+  const json flags = flag_values(o, /*outcome_only=*/false);
+  for (const auto& item : flags.items())
+    fingerprint += item.key() + "=" + (item.value().is_string() ? item.value().get<std::string>() : item.value().dump()) + ";";
+  for (const char* f : {"train.bin", "val.bin"}) {
+    std::ifstream in(std::filesystem::path(o.data_dir) / f, std::ios::binary);
+    const bool found = in.is_open();
+    const std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    char sum[40];
+    std::snprintf(sum, sizeof sum, "%016llx",
+                  static_cast<unsigned long long>(dilocox::checksum64(std::as_bytes(std::span<const char>(bytes)))));
+    fingerprint += std::string("data ") + f + "=" + (found ? sum : "missing") + ";";
+  }
+  e.fingerprint = fingerprint;
+  e.join_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.progress_timeout * 1000));
+  return e;
+}
+#endif
+
 // The run's world: this job, or with --site the sites' jobs joined over Gloo; none after
 // job rank 0 printed why the sites could not meet (every rank of the job learns it).
 std::optional<World> make_world(const TrainOptions* o, int rank) {
 #ifdef DILOCOX_TRAINER_GLOO
   if (o && o->site >= 0 && !o->plan) {
     try {
+      if (o->elastic > 0) return std::optional<World>(std::in_place, MPI_COMM_WORLD, o->clusters, elastic_options(*o));
       return std::optional<World>(std::in_place, MPI_COMM_WORLD, o->site, o->clusters, site_gloo(*o));
     } catch (const dilocox::Error& e) {
       if (rank == 0) std::fprintf(stderr, "dilocox-train: site %d: %s\n", o->site, e.what());
@@ -122,6 +150,26 @@ int run_agreed(const TrainOptions& o, Run& run, std::int64_t start, int rank, in
   return 1;
 }
 
+#ifdef DILOCOX_TRAINER_GLOO
+// An elastic site admitted into a running group: its own inputs checked (the members
+// compared its flags and data at admission), the run's state received, then trained on.
+int run_joined(const TrainOptions& o, World& world) {
+  Run run(o, world, nullptr);
+  const json report = run.check_inputs();
+  if (report.value("code", 0) != 0) {
+    std::fprintf(stderr, "dilocox-train: site %d: %s\n", o.site, report.value("message", std::string()).c_str());
+    return report.value("code", 1);
+  }
+  try {
+    run.join_running();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dilocox-train: site %d: %s\n", o.site, e.what());
+    return 1;
+  }
+  return run_agreed(o, run, run.step(), world.rank(), world.size());
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -148,6 +196,14 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
+#ifdef DILOCOX_TRAINER_GLOO
+  if (world->elastic() && world->elastic()->newcomer()) {
+    const int rc = run_joined(*o, *world);
+    world.reset();
+    MPI_Finalize();
+    return rc;
+  }
+#endif
   std::optional<Run> run;
   json report;
   if (const auto missing = unclassified_flags(); !missing.empty()) {

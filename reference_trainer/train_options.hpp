@@ -87,6 +87,7 @@ struct TrainOptions {
   std::string rendezvous;           // the sites' store: redis://HOST:PORT or file:///DIR
   std::string run_id;               // the run's namespace in the store
   std::string gloo_interface;       // the interface the ranks listen on for the other sites
+  int elastic = 0;                  // > 0: elastic sites, this many start the run (0 .. elastic - 1)
   // Planning (--plan): no training.
   bool plan = false;
   double params = 0;                // a model known only by its size
@@ -336,13 +337,18 @@ inline void define_site_flags(CLI::App& app, TrainOptions& o) {
   app.add_option("--gloo-interface", o.gloo_interface,
                  "with --site: the network interface the ranks listen on for other sites (default: the address "
                  "of this host's name)")->group(g);
+  app.add_option("--elastic", o.elastic,
+                 "with --site: sites join, leave (SIGTERM) and fail while the others train on; N sites (0 to N - 1) "
+                 "start the run, --clusters is the most it holds (site s trains on data shard s). One rank a site, "
+                 "syncs without overlap, no --checkpoint-dir (a joining site takes the state from a live one)")
+      ->check(CLI::Range(1, 1023))->group(g);
 }
 
 // The checks of the site flags among themselves.
 inline void check_site_flags(const TrainOptions& o) {
   if (o.site < 0) {
     for (const auto& [given, name] : {std::pair{!o.rendezvous.empty(), "--rendezvous"}, {!o.run_id.empty(), "--run-id"},
-                                      {!o.gloo_interface.empty(), "--gloo-interface"}})
+                                      {!o.gloo_interface.empty(), "--gloo-interface"}, {o.elastic > 0, "--elastic"}})
       if (given) throw CLI::ValidationError(std::string(name) + " needs --site (one mpirun per site)");
     return;
   }
@@ -352,6 +358,16 @@ inline void check_site_flags(const TrainOptions& o) {
                                " (one cluster per site, sites 0 to clusters - 1)");
   if (o.rendezvous.empty()) throw CLI::ValidationError("--site needs --rendezvous (redis://HOST:PORT or file:///DIR)");
   if (o.run_id.empty()) throw CLI::ValidationError("--site needs --run-id (the run's name in the rendezvous store)");
+  if (o.elastic > o.clusters)
+    throw CLI::ValidationError("--elastic " + std::to_string(o.elastic) + " needs --clusters >= " +
+                               std::to_string(o.elastic) + " (the most sites the run holds)");
+  if (o.elastic > 0 && (o.stages != 1 || o.dp != 1))
+    throw CLI::ValidationError("--elastic needs one rank a site (--stages 1 --dp 1)");
+  if (o.elastic > 0 && (!o.checkpoint_dir.empty() || o.resume))
+    throw CLI::ValidationError("--elastic does not write checkpoints yet (no --checkpoint-dir, --resume): a site that "
+                               "joins takes the state from a live one");
+  if (o.elastic > 0 && o.sync == "allreduce")
+    throw CLI::ValidationError("--elastic needs an outer-loop --sync (sites change between rounds), not allreduce");
 #ifndef DILOCOX_TRAINER_GLOO
   throw CLI::ValidationError("--site needs Gloo: this dilocox-train was built without it "
                              "(scripts/install_deps.sh --sites, then configure again)");

@@ -5,12 +5,15 @@
 // over its own MPI, joined by a Gloo group of their first ranks (the leaders): a value is
 // reduced in the job, exchanged between the leaders and broadcast back in the job.
 // World rank = site x (ranks per job) + job rank, the layout's order (layout.hpp).
+// Elastic sites (--elastic): the leaders meet in an ElasticGroup, whose members change
+// between rounds; the values are then the current members', in site order.
 // Not here: the communicators the training runs over (rank_comms.hpp, peer_comms.hpp).
 #pragma once
 
 #include <mpi.h>
 
 #ifdef DILOCOX_TRAINER_GLOO
+#include <dilocox/comm/elastic.hpp>
 #include <dilocox/comm/gloo.hpp>
 #endif
 #include <dilocox/config.hpp>
@@ -58,9 +61,19 @@ class World {
     if (error.find("earlier meeting") != std::string::npos) error += "; a relaunched run (--resume too) needs a new --run-id";
     if (!error.empty()) throw Error("the sites' rendezvous (" + gloo.store + ", run " + gloo.prefix + "): " + error);
   }
+
+  // An elastic site (one rank a site): its leader joins the run's ElasticGroup (`group`).
+  World(MPI_Comm job, int sites, const ElasticOptions& group) : World(job) {
+    site_ = group.site, sites_ = sites;
+    dilocox::detail::require(job_size_ == 1, "--elastic", "an elastic site is one rank (mpirun -np 1, --stages 1, --dp 1)");
+    elastic_ = std::make_unique<ElasticGroup>(group);
+  }
+  ElasticGroup* elastic() { return elastic_.get(); }
 #endif
 
   int rank() const { return site_ * job_size_ + job_rank_; }
+  // The ranks taking part now: size(), or an elastic run's current members.
+  int live_size() const { return leaders() * job_size_; }
   int size() const { return sites_ * job_size_; }
   MPI_Comm job() const { return job_; }  // this job's ranks (the whole world with one job)
   int job_rank() const { return job_rank_; }
@@ -79,7 +92,7 @@ class World {
       const auto all = leaders_gather(std::span<const T>(v));
       for (std::size_t i = 0; i < v.size(); ++i) {
         v[i] = all[i];
-        for (std::size_t s = 1; s < static_cast<std::size_t>(sites_); ++s) v[i] = combine(op, v[i], all[s * v.size() + i]);
+        for (std::size_t s = 1; s < static_cast<std::size_t>(leaders()); ++s) v[i] = combine(op, v[i], all[s * v.size() + i]);
       }
     }
     MPI_Bcast(v.data(), static_cast<int>(v.size()), mpi_type<T>(), 0, job_);
@@ -94,7 +107,7 @@ class World {
   // Every rank's text, in world rank order, on every rank.
   std::vector<std::string> allgather(const std::string& mine) {
     std::string blob = job_gather(mine);  // the job's texts, length-prefixed (on job rank 0)
-    if (leaders_) blob = leaders_concat(blob);
+    if (!one_job() && job_rank_ == 0) blob = leaders_concat(blob);
     broadcast(blob);
     std::vector<std::string> out;
     for (std::size_t at = 0; at < blob.size();) {
@@ -115,6 +128,13 @@ class World {
       static_assert(std::is_same_v<T, std::uint64_t>, "World::allreduce: int, double or std::uint64_t");
       return MPI_UINT64_T;
     }
+  }
+  // The leaders' group: the sites' fixed one, or the elastic group's current members.
+  int leaders() const {
+#ifdef DILOCOX_TRAINER_GLOO
+    if (elastic_) return elastic_->size();
+#endif
+    return sites_;
   }
   static MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : op == ReduceOp::min ? MPI_MIN : MPI_SUM; }
   template <class T>
@@ -147,11 +167,17 @@ class World {
   }
 
 #ifdef DILOCOX_TRAINER_GLOO
+  void leaders_allgather(std::span<const std::byte> send, std::span<std::byte> recv) {
+    if (elastic_)
+      elastic_->allgather(send, recv);
+    else
+      leaders_->allgather(send, recv);
+  }
   // Every leader's values, site after site (leaders only).
   template <class T>
   std::vector<T> leaders_gather(std::span<const T> mine) {
-    std::vector<T> all(mine.size() * static_cast<std::size_t>(sites_));
-    leaders_->allgather(std::as_bytes(mine), std::as_writable_bytes(std::span<T>(all)));
+    std::vector<T> all(mine.size() * static_cast<std::size_t>(leaders()));
+    leaders_allgather(std::as_bytes(mine), std::as_writable_bytes(std::span<T>(all)));
     return all;
   }
   // The leaders' blobs (of any sizes) concatenated in site order (leaders only).
@@ -161,21 +187,21 @@ class World {
     const std::uint64_t most = *std::max_element(sizes.begin(), sizes.end());
     std::string padded = mine;
     padded.resize(most);
-    std::string all(most * static_cast<std::size_t>(sites_), '\0');
-    leaders_->allgather(std::as_bytes(std::span<const char>(padded)),
-                        std::as_writable_bytes(std::span<char>(all)));
+    std::string all(most * static_cast<std::size_t>(leaders()), '\0');
+    leaders_allgather(std::as_bytes(std::span<const char>(padded)), std::as_writable_bytes(std::span<char>(all)));
     std::string out;
     for (std::size_t s = 0; s < sizes.size(); ++s) out += all.substr(s * most, sizes[s]);
     return out;
   }
   std::unique_ptr<GlooCommunicator> leaders_;
+  std::unique_ptr<ElasticGroup> elastic_;
 #else
   template <class T>
   std::vector<T> leaders_gather(std::span<const T>) {
     return {};
   }
   std::string leaders_concat(const std::string& mine) { return mine; }
-  std::unique_ptr<int> leaders_;
+  std::unique_ptr<int> leaders_, elastic_;
 #endif
 
   MPI_Comm job_;

@@ -3,9 +3,12 @@
 # founding sites train 30 rounds; site 1 is killed (kill -9) after round 3 and started
 # again after round 5; a new site 3 joins after round 4; a site with another
 # configuration (--dim) asks to join after round 7 and is refused with the difference
-# named; site 2 is sent SIGTERM after round 10 and leaves at a round boundary. Passes when
-# the sites that finish hold identical global parameters, each event happened, and the
-# survivors' wait after the kill stayed within the settle time plus 5 s.
+# named, and a second site 0 after round 8 (a member already); site 2 is sent SIGTERM
+# after round 10 and leaves at a round boundary; site 3 is stopped (SIGSTOP) after round
+# 14 until the others have gone on without it (their operation's 5 s timeout), then
+# continued: it is told it was left out. Passes when the sites that finish hold identical
+# global parameters, each event happened, and the survivors' wait after the kill stayed
+# within the settle time plus 5 s.
 # Usage: elastic_test.sh path/to/elastic_site [rounds]
 set -euo pipefail
 site_bin=$1
@@ -24,7 +27,7 @@ start_site() {  # start_site NAME SITE [extra flags]: background, logs in $dir/N
   local name=$1 site=$2
   shift 2
   "$site_bin" --store "file://$dir" --run elastic --site "$site" --founders 3 --rounds "$rounds" --steps 5 \
-    --pace-ms 25 --timeout-ms 10000 --settle-ms $settle_ms "$@" >"$dir/$name.out.log" 2>"$dir/$name.err.log" &
+    --pace-ms 25 --timeout-ms 5000 --settle-ms $settle_ms "$@" >"$dir/$name.out.log" 2>"$dir/$name.err.log" &
   pids+=($!)
   eval "pid_$name=$!"
 }
@@ -52,33 +55,46 @@ start_site s1b 1
 echo "elastic_test: site 1 restarted after round $(round_of_0)"
 wait_round 7
 start_site bad 4 --dim 16
+wait_round 8
+start_site dup 0
 wait_round 10
 kill -TERM "$pid_s2"
 echo "elastic_test: SIGTERM to site 2 after round $(round_of_0)"
+wait_round 14
+kill -STOP "$pid_s3"
+echo "elastic_test: site 3 stopped after round $(round_of_0)"
+for _ in $(seq 300); do
+  grep -q '"event":"recovered","site":0,"epoch":[0-9]*,"sites":\[0,1\]' "$dir/s0.out.log" && break
+  sleep 0.1
+done
+kill -CONT "$pid_s3"
 
-for name in s0 s1b s3 s2 bad; do
+for name in s0 s1b s3 s2 bad dup; do
   p=pid_$name
   code=0
   wait "${!p}" || code=$?
-  if [[ $name == bad ]]; then
-    [[ $code == 1 ]] || fail "the site with another configuration exited $code, not 1"
-  else
-    [[ $code == 0 ]] || fail "site $name exited $code"
-  fi
+  case $name in
+    bad | dup | s3) [[ $code == 1 ]] || fail "site $name exited $code, not 1" ;;
+    *) [[ $code == 0 ]] || fail "site $name exited $code" ;;
+  esac
 done
 
 grep -q 'refused by the run.s sites: its configuration differs from the run.s: dim .16. (the run.s: .24.)' "$dir/bad.err.log" ||
   fail "the refusal does not name the differing flag: $(cat "$dir/bad.err.log")"
+grep -q 'refused by the run.s sites: site 0 is a member already' "$dir/dup.err.log" ||
+  fail "a second site 0 was not refused: $(cat "$dir/dup.err.log")"
+grep -q 'answered after the others had formed epoch [0-9]* without it: restart it to rejoin' "$dir/s3.err.log" ||
+  fail "the stopped site 3 was not told it was left out: $(cat "$dir/s3.err.log")"
 grep -q '"event":"left","site":2' "$dir/s2.out.log" || fail "site 2 did not leave at a boundary"
 grep -q '"event":"joined","site":3' "$dir/s3.out.log" || fail "site 3 did not join"
 grep -q '"event":"joined","site":1' "$dir/s1b.out.log" || fail "site 1 did not rejoin"
-done_lines=$(cat "$dir"/s0.out.log "$dir"/s1b.out.log "$dir"/s3.out.log | grep '"event":"done"')
-[[ $(echo "$done_lines" | wc -l) == 3 ]] || fail "not every remaining site finished: $done_lines"
+done_lines=$(cat "$dir"/s0.out.log "$dir"/s1b.out.log | grep '"event":"done"')
+[[ $(echo "$done_lines" | wc -l) == 2 ]] || fail "not every remaining site finished: $done_lines"
 echo "$done_lines" | grep -q "\"round\":$rounds" || fail "the run did not reach round $rounds"
 sums=$(echo "$done_lines" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l)
 [[ $sums == 1 ]] || fail "the sites end with different global parameters: $done_lines"
-echo "$done_lines" | grep -q '"sites":\[0,1,3\]' || fail "the final membership is not sites 0, 1, 3: $done_lines"
-waits=$(grep -ho '"event":"recovered".*' "$dir"/s0.out.log "$dir"/s2.out.log | grep -o '"waited_s":[0-9.]*' | cut -d: -f2)
+echo "$done_lines" | grep -q '"sites":\[0,1\]' || fail "the final membership is not sites 0 and 1: $done_lines"
+waits=$(grep -ho '"event":"recovered".*"sites":\[0,2\].*' "$dir"/s0.out.log "$dir"/s2.out.log | grep -o '"waited_s":[0-9.]*' | cut -d: -f2)
 [[ -n $waits ]] || fail "no survivor recovered from the kill"
 for w in $waits; do
   awk -v w="$w" -v s=$settle_ms 'BEGIN { exit !(w <= s / 1000 + 5) }' || fail "a survivor waited $w s after the kill"

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "dilocox/comm/elastic.hpp"
 #include "dilocox/comm/gloo.hpp"
 #include "dilocox/comm/throttled.hpp"
 
@@ -380,3 +381,38 @@ TEST_F(GlooRanks, ARankThatNeverArrivesFailsTheRendezvous) {
 }
 
 }  // namespace
+
+// The elastic membership's decisions (dilocox/comm/elastic.hpp) are store keys written
+// once: of ranks racing to write one key, exactly one wins and all read its value.
+TEST_F(GlooRanks, MembershipKeysAreWrittenOnceTheFirstWriterWins) {
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const std::string key = "race" + std::to_string(attempt);
+    const auto exits = run(4, [&](int rank, int, const dx::GlooOptions& o) {
+      dx::detail::MembershipStore store(o.store, o.prefix);
+      const bool won = store.add(key, std::to_string(rank));
+      CHECK_OR_FAIL(store.find(key).has_value());
+      return won ? 10 : 11;
+    });
+    int winners = 0;
+    for (const auto& e : exits) {
+      EXPECT_TRUE(e.code == 10 || e.code == 11) << e.code;
+      winners += e.code == 10;
+    }
+    EXPECT_EQ(winners, 1);
+    dx::detail::MembershipStore store(options().store, options().prefix);
+    const auto value = store.find(key);
+    ASSERT_TRUE(value.has_value());
+    EXPECT_EQ(exits[static_cast<std::size_t>(std::stoi(*value))].code, 10) << "the value read is the winner's";
+    EXPECT_FALSE(store.find("never-written").has_value());
+  }
+}
+
+TEST(ElasticGroup, ARefusalNamesEachDifferingKeyWithBothValues) {
+  EXPECT_EQ(dx::detail::fingerprint_difference("model=tiny;H=50", "model=tiny;H=20;extra=1"),
+            "H '20' (the run's: '50'), extra '1' (the run's: '(none)')");
+  EXPECT_EQ(dx::detail::fingerprint_difference("a=1", "a=1"), "");
+  const auto r = dx::detail::EpochRecord::parse(dx::detail::EpochRecord{7, {0, 2, 5}, {5}}.text());
+  EXPECT_EQ(r.admitted, 7u);
+  EXPECT_EQ(r.sites, (std::vector<int>{0, 2, 5}));
+  EXPECT_EQ(r.joined, (std::vector<int>{5}));
+}

@@ -10,6 +10,10 @@
 # resume:  K = 2 sites of DiLoCoX stopped at step 10 (--stop-after) and resumed under a new
 #          --run-id: the summary of one uninterrupted mpirun, on both sites; a relaunch under
 #          the run id the store already holds is refused by both sites, saying so.
+# elastic: 3 founding sites of 4 (--elastic 3): site 1's mpirun killed mid-run and started
+#          again, a site 3 with another --lr refused, a new site 3 admitted, site 2's mpirun
+#          sent SIGUSR1 (it leaves at a round boundary): the sites that finish hold identical global parameters; the loss is
+#          printed beside the fault-free run's.
 set -euo pipefail
 trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited $?" >&2' ERR
 case_name=$1 train=$2 shards=$3 work=$4 mpiexec=$5
@@ -110,7 +114,9 @@ faults)
   grep -q 'same ranks' n.0.err || fail "site 0: $(cat n.0.err)"
   echo "ok: sites of 1 and 2 ranks: exits $r0 $r1: $(cut -c1-140 n.0.err)"
   # The site flags among themselves.
-  for bad in "--site 2" "--site 0 --clusters 1" "--site 0 --run-id x" "--site 0 --rendezvous file://$work" "--rendezvous file://$work"; do
+  el="--site 0 --run-id x --rendezvous file://$work"
+  for bad in "--site 2" "--site 0 --clusters 1" "--site 0 --run-id x" "--site 0 --rendezvous file://$work" "--rendezvous file://$work" \
+             "--elastic 2" "$el --elastic 3" "$el --elastic 2 --stages 2" "$el --elastic 2 --sync allreduce"; do
     rc=0
     "$train" "${common[@]}" $bad >b.txt 2>b.err || rc=$?
     [[ $rc == 2 && $(wc -l <b.err) == 1 ]] || fail "'$bad': exit $rc, $(cat b.err)"
@@ -143,6 +149,53 @@ resume)
   [[ $r0 != 0 && $r1 != 0 ]] || fail "a relaunch under the same run id: exits $r0 $r1"
   for s in 0 1; do grep -q 'needs a new --run-id' c.$s.err || fail "site $s: $(cat c.$s.err)"; done
   echo "ok: a relaunch under the same --run-id: exits $r0 $r1: $(head -1 c.0.err | cut -c1-160)"
+  ;;
+elastic)
+  flags=(--model tiny --vocab 64 --data-dir data --batch 4 --seq-len 32 --eval-every 25 --eval-sequences 8 --quiet
+         --local-steps 3 --lr 3e-3 --collective-timeout 10 --clusters 4 --tokens 300000 --sync dilocox --no-overlap
+         --wan-bandwidth 4Mbps --elastic 3)
+  # wait_for FILE PATTERN SECONDS: until the pattern is in the file.
+  wait_for() {
+    for _ in $(seq $(($3 * 10))); do
+      grep -q "$2" "$1" 2>/dev/null && return 0
+      sleep 0.1
+    done
+    fail "no '$2' in $1 within $3 s: $(cat "$work"/*.err)"
+  }
+  new_run
+  for s in 0 1 2; do site 1 $s ref "${flags[@]}" --metrics ref$s.jsonl; eval "ref$s=$pid"; done
+  for s in 0 1 2; do ref=ref$s; wait "${!ref}" || fail "fault-free site $s: $(cat ref.$s.err)"; done
+  new_run
+  for s in 0 1 2; do site 1 $s el "${flags[@]}" --metrics el$s.jsonl; eval "el$s=$pid"; done
+  wait_for el0.jsonl '"step":60,' 60
+  pkill -KILL -P "$el1" || true
+  kill -KILL "$el1" || true
+  wait_for el0.jsonl '"event":"lost"' 30
+  echo "ok: site 1 killed: $(grep -m1 -o '"event":"lost".*"waited_seconds":[0-9.]*' el0.jsonl | cut -c1-220)"
+  site 1 1 back "${flags[@]}"
+  back=$pid
+  site 1 3 bad "${flags[@]}" --lr 1e-3
+  bad=$pid
+  rc=0
+  wait "$bad" || rc=$?
+  [[ $rc != 0 ]] && grep -q 'refused by the run.s sites: its configuration differs.*--lr' bad.3.err ||
+    fail "a site with another --lr: exit $rc: $(cat bad.3.err)"
+  echo "ok: another --lr: $(grep -o 'refused.*' bad.3.err | cut -c1-160)"
+  site 1 3 new "${flags[@]}"
+  new=$pid
+  wait_for el0.jsonl '"event":"change".*"sites":\[0,1,2,3\]' 60
+  pkill -USR1 -P "$el2"  # to its mpirun, which forwards SIGUSR1 to its rank (stop_signals.hpp)
+  for p in el0 back new el2; do wait "${!p}" || fail "$p exited $?: $(cat ./*.err)"; done
+  grep -q '"left":true' el.2.txt || fail "site 2 did not leave: $(cat el.2.txt)"
+  want=$(field final_eval_loss el.0.txt)
+  for out in back.1.txt new.3.txt; do
+    [[ $(field final_eval_loss $out) == "$want" && $(field replicas_identical $out) == true ]] ||
+      fail "$out: $(cat $out) against site 0's $want"
+  done
+  waited=$(grep -m1 -o '"waited_seconds":[0-9.]*' el0.jsonl | cut -d: -f2)
+  awk -v w="$waited" 'BEGIN { exit !(w < 8) }' || fail "site 0 waited $waited s after the kill"
+  echo "ok: sites 0, 1 (rejoined), 3 (new) end identical: final eval loss $want (fault-free run:" \
+       "$(field final_eval_loss ref.0.txt)); site 0 waited $waited s after the kill; site 2 left on SIGUSR1"
   ;;
 *) fail "unknown case $case_name" ;;
 esac
