@@ -117,7 +117,7 @@ class Run {
   void check_same_global();
   void membership_event(const char* kind, std::int64_t at_step, double waited, const std::string& why);
 #endif
-  std::map<std::int64_t, Snapshot> snapshots_;  // by step: the last two
+  std::map<std::int64_t, Snapshot> snapshots_;  // by point (2 x step, + 1 after the sync): the last three
   std::optional<Checkpoint> joined_;            // the state a joining site received
   bool left_ = false;                           // this site left the run (SIGTERM, elastic)
 

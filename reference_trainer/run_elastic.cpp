@@ -70,10 +70,11 @@ void Run::train_loop_elastic() {
   }
 }
 
-// Before a sync (and once at the start): this site's state at this step.
+// This site's state at this step, before its sync or after (at the start, after a
+// membership change): the last three, by point = 2 x step + (after the sync ? 1 : 0).
 void Run::keep_snapshot(bool before_sync) {
-  snapshots_.insert_or_assign(step_, Snapshot{make_checkpoint(false), before_sync});
-  while (snapshots_.size() > 2) snapshots_.erase(snapshots_.begin());
+  snapshots_.insert_or_assign(2 * step_ + (before_sync ? 0 : 1), Snapshot{make_checkpoint(false), before_sync});
+  while (snapshots_.size() > 3) snapshots_.erase(snapshots_.begin());
 }
 
 // The round boundary after a sync: leavers go, joiners come. True: this site left.
@@ -91,30 +92,38 @@ bool Run::at_boundary() {
   group().share_state([&] { return state.bytes(); });
   adopt(state);
   check_same_global();
+  keep_snapshot(/*before_sync=*/false);  // the point a joiner starts from
   membership_event("change", step_, 0.0,
                    "joined " + site_list(change.joined) + ", left " + site_list(change.left));
   return false;
 }
 
-// After a failed collective: the survivors' membership, and this site back at the step
-// every survivor holds a snapshot of. True: the snapshot is before a sync (replay it).
+// After a failed collective: the survivors' membership, and this site back at the latest
+// point every survivor holds a snapshot of. True: the point is before a sync (replay it).
+// A site without that snapshot (it joined at that boundary) takes a holder's copy as a
+// joining site does.
 bool Run::roll_back(const std::string& why) {
   const double t0 = now_seconds();
   const std::int64_t held = snapshots_.empty() ? -1 : snapshots_.rbegin()->first;
   const std::int64_t target = group().recover(held);
   const double waited = now_seconds() - t0;
   const auto it = snapshots_.find(target);
-  if (it == snapshots_.end())
-    throw Error("site " + std::to_string(world_.site()) + " holds no snapshot of step " + std::to_string(target) +
-                " to roll back to");
-  const Snapshot snap = it->second;
-  group().share_state([&] { return snap.state.bytes(); });
-  snapshots_.erase(std::next(it), snapshots_.end());
-  step_ = target;
-  adopt(snap.state);
+  const bool have = it != snapshots_.end();
+  const auto got = group().share_state([&] { return it->second.state.bytes(); }, !have);
+  if (have) {
+    const Snapshot snap = it->second;
+    snapshots_.erase(std::next(it), snapshots_.end());
+    adopt(snap.state);
+  } else {
+    snapshots_.clear();
+    adopt(Checkpoint::parse(*got, "the state from a live site"));
+    sync_->loop()->restart_from_global();
+    trainer_->model().push_params();
+  }
+  step_ = target / 2;
   check_same_global();
-  membership_event("lost", target, waited, why);
-  return snap.before_sync;
+  membership_event("lost", step_, waited, why);
+  return target % 2 == 0;  // before a sync: replay it
 }
 
 // This site's state becomes `c` (a snapshot, or the state the membership shares): the

@@ -286,11 +286,13 @@ class ElasticGroup {
     return target;
   }
 
-  // The run's state reaches every member without it: the first member holding it calls
-  // `make` and sends the bytes (with their checksum) to each newcomer, whose copy is
-  // returned (nullopt on the others). Every member calls it after every change.
-  std::optional<std::vector<std::byte>> share_state(const std::function<std::vector<std::byte>()>& make) {
-    const std::int64_t need = newcomer_ ? 1 : 0;
+  // The run's state reaches every member without it (newcomers, and those that say
+  // `need`: after recover(), a site without the snapshot it names): the first member
+  // holding it calls `make` and sends the bytes (with their checksum) to each of them,
+  // whose copy is returned (nullopt on the others). Every member calls it after every change.
+  std::optional<std::vector<std::byte>> share_state(const std::function<std::vector<std::byte>()>& make,
+                                                    bool need_state = false) {
+    const std::int64_t need = newcomer_ || need_state ? 1 : 0;
     std::vector<std::int64_t> needs(sites_.size());
     comm().allgather(std::as_bytes(std::span(&need, 1)), std::as_writable_bytes(std::span(needs)));
     const auto donor = std::find(needs.begin(), needs.end(), 0);
@@ -318,7 +320,7 @@ class ElasticGroup {
                             " failed its checksum: refused");
       }
     }
-    if (!newcomer_) return std::nullopt;
+    if (need == 0) return std::nullopt;
     newcomer_ = false;
     return bytes;
   }
