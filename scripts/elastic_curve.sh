@@ -7,7 +7,8 @@
 set -euo pipefail
 build=${1:-build}
 out=${2:-docs/img/elastic_loss.png}
-ctest --test-dir "$build" -R '^sites\.elastic$' --output-on-failure | grep -E '^ok|Passed|Failed' || true
+DILOCOX_ELASTIC_REFERENCE=1 ctest --test-dir "$build" -R '^sites\.elastic$' --output-on-failure |
+  grep -E '^ok|Passed|Failed' || true
 work=$build/tests/trainer/sites_elastic
 [[ -s $work/el0.jsonl && -s $work/ref0.jsonl ]] || { echo "elastic_curve: no metrics in $work" >&2; exit 1; }
 tmp=$(mktemp -d)
