@@ -4,8 +4,9 @@
 # through redis-server in another. (a) No fault: the final eval loss of one mpirun of the
 # same flags. (d) redis-server restarted (empty) mid-run: the run goes on to the same end,
 # since the store is used only to meet. (b, c) Elastic sites (--elastic 3 of 4): site 1's
-# mpirun killed mid-run and started again, a fourth site joining: the sites that finish
-# hold identical global parameters; the final loss beside the same run's without faults.
+# mpirun killed mid-run and started again, a fourth site joining, then the store
+# restarted: the sites that finish hold identical global parameters; the final loss beside
+# the same run's without faults.
 # Exit 77 (ctest: skipped) with the reason where namespaces are not permitted.
 #   sites_testbed_test.sh TRAIN SHARDS WORKDIR MPIEXEC
 set -euo pipefail
@@ -85,7 +86,8 @@ done
 echo "ok: (d) redis-server restarted mid-run: every site finished, final eval loss $want as one mpirun's"
 
 # (b, c) Elastic sites: site 1 killed once site 0 has logged 40 steps, started again once
-# site 0 has logged the loss; site 3 joins after that. Rounds paced by a modelled 4 Mbit/s.
+# site 0 has logged the loss; site 3 joins after that; then redis-server is restarted
+# (empty), which the run goes on through. Rounds paced by a modelled 4 Mbit/s.
 elastic=(--clusters 4 --elastic 3 --no-overlap --wan-bandwidth 4Mbps --tokens 150000)
 wait_for() {  # wait_for FILE PATTERN: 60 s at most
   for _ in $(seq 600); do
@@ -105,12 +107,15 @@ start_site 1 b-$name back "${elastic[@]}"
 back=$pid
 start_site 3 b-$name new "${elastic[@]}"
 new=$pid
+wait_for "$work/b.metrics" '"event":"change".*"sites":\[0,1,2,3\]'
+"$testbed" restart-store --name "$name"  # the membership's history is gone: the run goes on
 for p in "${pids[@]::1}" "${pids[@]:2}" "$back" "$new"; do wait "$p" || fail "(b) a site exited $?: $(cat b.*.err back.*.err new.*.err)"; done
 want=$(field final_eval_loss b.0.txt)
 for out in b.2.txt back.1.txt new.3.txt; do
   [[ $(field final_eval_loss $out) == "$want" && $(field replicas_identical $out) == true ]] || fail "(b) $out: $(cat $out)"
 done
-echo "ok: (b, c) elastic: site 1 killed and rejoined, site 3 joined: final eval loss $want on sites 0, 1, 2, 3" \
+echo "ok: (b, c) elastic: site 1 killed and rejoined, site 3 joined, the store restarted:" \
+     "final eval loss $want on sites 0, 1, 2, 3" \
      "(without faults: $(field final_eval_loss r.0.txt)); site 0 waited" \
      "$(grep -m1 -o '"waited_seconds":[0-9.]*' "$work/b.metrics" | cut -d: -f2) s after the kill"
 "$testbed" down --name "$name"

@@ -33,6 +33,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "dilocox/checksum.hpp"
@@ -61,28 +62,36 @@ struct MembershipChange {
 namespace detail {
 
 // The membership's keys under the run's prefix: written once, the first writer wins
-// (add); read without waiting (find).
+// (add); read without waiting (find). A Redis store that goes away (restarted) is
+// reconnected, each operation retried until `patience` has passed; then an Error.
 class MembershipStore {
  public:
-  MembershipStore(const std::string& url, const std::string& prefix) : prefix_(prefix) {
+  MembershipStore(const std::string& url, const std::string& prefix,
+                  std::chrono::milliseconds patience = std::chrono::milliseconds(10'000))
+      : url_(url), prefix_(prefix), patience_(patience) {
     constexpr std::string_view file = "file://";
     if (url.starts_with(file) && url.size() > file.size()) {
       dir_ = url.substr(file.size());
       return;
     }
-    redis_ = open_gloo_store(url);
+    try {
+      redis_ = open_gloo_store(url);  // a malformed address: an Error now
+    } catch (const gloo::Exception&) {  // not answering now: connected at the first operation
+    } catch (const gloo::EnforceNotMet&) {
+    }
   }
 
   bool add(const std::string& key, const std::string& value) {
-    if (redis_) {
-      try {
-        redis_->set(prefix_ + "/" + key, std::vector<char>(value.begin(), value.end()));
-        return true;
-      } catch (const gloo::EnforceNotMet& e) {
-        if (std::string_view(e.what()).find("already") != std::string_view::npos) return false;
-        throw Error("ElasticGroup: store: " + std::string(e.what()));
-      }
-    }
+    if (dir_.empty())
+      return with_redis(patience_, [&](gloo::rendezvous::Store& r) {
+        try {
+          r.set(prefix_ + "/" + key, std::vector<char>(value.begin(), value.end()));
+          return true;
+        } catch (const gloo::EnforceNotMet& e) {
+          if (std::string_view(e.what()).find("already") != std::string_view::npos) return false;
+          throw;
+        }
+      });
     const std::string path = file_of(key), tmp = path + ".tmp" + std::to_string(::getpid());
     {
       std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -97,12 +106,23 @@ class MembershipStore {
     throw Error("ElasticGroup: cannot write " + path + ": " + std::strerror(err));
   }
 
-  std::optional<std::string> find(const std::string& key) {
-    if (redis_) {
-      auto* redis = static_cast<gloo::rendezvous::RedisStore*>(redis_.get());
-      if (!redis->check({prefix_ + "/" + key})) return std::nullopt;
-      const auto v = redis->get(prefix_ + "/" + key);
-      return std::string(v.begin(), v.end());
+  // `quick`: one try (a store away now reads as no key) instead of waiting out the patience.
+  std::optional<std::string> find(const std::string& key, bool quick = false) {
+    if (dir_.empty()) {
+      const auto read = [&](gloo::rendezvous::Store& r) -> std::optional<std::string> {
+        const std::string k = prefix_ + "/" + key;
+#if GLOO_USE_REDIS
+        if (!static_cast<gloo::rendezvous::RedisStore&>(r).check({k})) return std::nullopt;
+#endif
+        const auto v = r.get(k);
+        return std::string(v.begin(), v.end());
+      };
+      if (!quick) return with_redis(patience_, read);
+      try {
+        return with_redis(std::chrono::milliseconds(0), read);
+      } catch (const Error&) {
+        return std::nullopt;
+      }
     }
     std::ifstream in(file_of(key), std::ios::binary);
     if (!in) return std::nullopt;
@@ -117,7 +137,25 @@ class MembershipStore {
     std::replace(name.begin(), name.end(), '/', '%');
     return dir_ + "/" + name;
   }
-  std::string prefix_, dir_;
+  template <class F>
+  std::invoke_result_t<F&, gloo::rendezvous::Store&> with_redis(std::chrono::milliseconds patience, F&& f) {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    for (;;) {
+      try {
+        if (!redis_) redis_ = open_gloo_store(url_);
+        return f(*redis_);
+      } catch (const std::exception& e) {
+        redis_.reset();
+        if (std::chrono::steady_clock::now() >= deadline)
+          throw Error("ElasticGroup: the store " + url_ + " did not answer within " +
+                      std::to_string(patience.count()) + " ms: " + e.what());
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+  }
+
+  std::string url_, prefix_, dir_;
+  std::chrono::milliseconds patience_;
   std::unique_ptr<gloo::rendezvous::Store> redis_;
 };
 
@@ -185,7 +223,7 @@ class ElasticGroup {
   // founders; a restarted or new site asks to join and waits until the members admit it
   // at a round boundary (or refuse it: an Error with their reason). Then newcomer() is
   // true until share_state() has brought it the run's state.
-  explicit ElasticGroup(ElasticOptions o) : o_(std::move(o)), store_(o_.gloo.store, o_.gloo.prefix) {
+  explicit ElasticGroup(ElasticOptions o) : o_(std::move(o)), store_(o_.gloo.store, o_.gloo.prefix, o_.gloo.timeout) {
     detail::require(o_.site >= 0 && o_.founders >= 1, "ElasticGroup", "site must be >= 0 and founders >= 1");
     if (o_.site < o_.founders && store_.add("started/" + std::to_string(o_.site), "")) {
       detail::EpochRecord first;
@@ -333,10 +371,11 @@ class ElasticGroup {
     return *comm_;
   }
 
-  // Join requests in the store from the first undecided one on, without a gap.
+  // Join requests in the store from the first undecided one on, without a gap (a store
+  // away now shows none: the round goes on without waiting for it).
   std::uint64_t requests_seen() {
     std::uint64_t n = admitted_;
-    while (store_.find("join/" + std::to_string(n))) ++n;
+    while (store_.find("join/" + std::to_string(n), /*quick=*/true)) ++n;
     return n;
   }
   // Request n ("site;fingerprint"): admitted into `joined`, or refused with the reason.
