@@ -113,7 +113,8 @@ class Run {
   bool at_boundary();
   bool roll_back(const std::string& why);
   void adopt(const Checkpoint& c);
-  void load_state_of(const Checkpoint& c);
+  void rebuild_sync(const Checkpoint& c);
+  void load_sync_state(const Checkpoint& c);
   void check_same_global();
   void membership_event(const char* kind, std::int64_t at_step, double waited, const std::string& why);
 #endif

@@ -90,7 +90,7 @@ bool Run::at_boundary() {
   if (!change.changed()) return false;
   const Checkpoint state = make_checkpoint(false);
   group().share_state([&] { return state.bytes(); });
-  adopt(state);
+  rebuild_sync(state);  // the parameters and AdamW stay as they are
   check_same_global();
   keep_snapshot(/*before_sync=*/false);  // the point a joiner starts from
   membership_event("change", step_, 0.0,
@@ -130,12 +130,16 @@ bool Run::roll_back(const std::string& why) {
 // outer loop is rebuilt over the current members, which must then hold the same global
 // parameters.
 void Run::adopt(const Checkpoint& c) {
+  trainer_->load(c);
+  rebuild_sync(c);
+}
+// The outer loop over the current members, from c's outer state.
+void Run::rebuild_sync(const Checkpoint& c) {
   sync_.reset();
   make_sync(/*resuming=*/true);
-  load_state_of(c);
+  load_sync_state(c);
 }
-void Run::load_state_of(const Checkpoint& c) {
-  trainer_->load(c);
+void Run::load_sync_state(const Checkpoint& c) {
   const std::string state = c.get_text("cluster_sync");
   sync_->load_state(std::as_bytes(std::span<const char>(state.data(), state.size())));
 }
@@ -152,7 +156,8 @@ void Run::join_running() {
   step_ = json::parse(joined_->get_text("meta")).at("step").get<std::int64_t>();
 }
 void Run::load_joined() {
-  load_state_of(*joined_);
+  trainer_->load(*joined_);
+  load_sync_state(*joined_);
   sync_->loop()->restart_from_global();
   trainer_->model().push_params();
   check_same_global();
