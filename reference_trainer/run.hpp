@@ -78,6 +78,7 @@ class Run {
   void build();
   std::unique_ptr<PeerComms> make_peers();
   void make_sync(bool resuming);
+  MPI_Comm data_parallel() const;  // this stage's data-parallel group (MPI_COMM_NULL with --dp 1)
   void load(std::int64_t start);
   bool stopped_before_training();
   bool room_for_checkpoints();

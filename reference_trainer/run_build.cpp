@@ -30,12 +30,11 @@ void Run::build() {
   }
   comms_ = std::make_unique<RankComms>(world_.job(), layout_, rank_);
   cluster_ = comms_->pipeline();
-  const MPI_Comm data_parallel = layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL;
   const auto act = static_cast<std::size_t>(shape_.micro_batch()) * shape_.seq_len * shape_.model.n_embd;
   link_ = std::make_unique<StageLink>(cluster_, pipeline_slots(shape_.schedule, S, stage_, shape_.micro_batches), act);
   cpu::set_threads(o_.threads);
   shape_.dp_rank = dp_rank_;
-  trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, data_parallel, o_.seed);
+  trainer_ = std::make_unique<StageTrainer>(shape_, o_.adamw, *link_, data_parallel(), o_.seed);
   auto& model = trainer_->model();
   // On the GPU the host copy of the parameters is moved explicitly. In the outer-loop
   // modes it is pulled once per round, after the local steps, for end_round (and the
@@ -58,14 +57,15 @@ void Run::build() {
 
 // The sync across clusters over peers_ (again, elastic sites: over the current members).
 void Run::make_sync(bool resuming) {
-  const MPI_Comm data_parallel = layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL;
-  sync_.emplace(sync_opts_, *peers_, data_parallel, trainer_->model(), /*sync_tied=*/stage_ == 0, resuming,
+  sync_.emplace(sync_opts_, *peers_, data_parallel(), trainer_->model(), /*sync_tied=*/stage_ == 0, resuming,
                 *uplink_->uplink(), shape_.stages);
   const auto* loop = sync_->loop();
   if (o_.elastic > 0 && loop && (loop->config().overlap || loop->config().overlap_steps > 0))
     throw UsageError("--elastic needs syncs that do not overlap the next round (--sync " + o_.sync +
                      " overlaps by default): add --no-overlap --overlap-steps 0");
 }
+
+MPI_Comm Run::data_parallel() const { return layout_.dp > 1 ? comms_->data_parallel() : MPI_COMM_NULL; }
 
 // This rank's channels to its peers in the other clusters: MPI when one job holds every
 // cluster, Gloo groups between the sites' jobs, the run's ElasticGroup between elastic sites.
