@@ -47,7 +47,7 @@ TEST(BrownCorpus, StripsTagsAndJoinsPunctuation) {
 TEST(BrownCorpus, SplitsByDocumentDeterministically) {
   const auto dir = temp_dir("brown");
   for (int i = 1; i <= 40; ++i) {
-    char name[8];
+    char name[16];
     std::snprintf(name, sizeof name, "c%c%02d", 'a' + i % 3, i);
     std::string doc = "\tWord/nn ";
     doc += std::to_string(i);
