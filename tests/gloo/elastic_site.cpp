@@ -4,10 +4,13 @@
 // no overlap, Nesterov outer step at momentum 0.9. A round is a transaction: its sync, the
 // membership decision at its boundary, the state for newcomers and the check that every
 // site holds the same global parameters. When any of it fails the survivors recover and
-// roll back to the snapshot taken before the last sync every one of them completed.
-// SIGTERM: the site leaves at the next round boundary. One JSON line per event on stdout.
+// roll back to the snapshot taken before the last sync every one of them completed; a site
+// without that snapshot (it was joining when the failure came) takes a holder's copy.
+// SIGTERM: the site leaves at the next round boundary. --exit-at-join: the site dies
+// (exit 9) at the first boundary that admits a site, before the state is shared. One JSON
+// line per event on stdout.
 //   elastic_site --store file:///dir --run NAME --site S --founders K --rounds R
-//                [--steps H] [--pace-ms P] [--timeout-ms T] [--settle-ms W] [--dim D]
+//                [--steps H] [--pace-ms P] [--timeout-ms T] [--settle-ms W] [--dim D] [--exit-at-join 1]
 #include "../least_squares.hpp"
 
 #include <dilocox/checksum.hpp>
@@ -35,7 +38,8 @@ std::atomic<bool> g_leave{false};
 
 struct Flags {
   std::string store, run;
-  int site = 0, founders = 1, rounds = 10, steps = 5, pace_ms = 20, timeout_ms = 10'000, settle_ms = 2'000, dim = 24;
+  int site = 0, founders = 1, rounds = 10, steps = 5, pace_ms = 20, timeout_ms = 10'000, settle_ms = 2'000, dim = 24,
+      exit_at_join = 0;
 };
 
 Flags parse(int argc, char** argv) {
@@ -47,7 +51,8 @@ Flags parse(int argc, char** argv) {
     else {
       int* dst = k == "--site" ? &f.site : k == "--founders" ? &f.founders : k == "--rounds" ? &f.rounds
                : k == "--steps" ? &f.steps : k == "--pace-ms" ? &f.pace_ms : k == "--timeout-ms" ? &f.timeout_ms
-               : k == "--settle-ms" ? &f.settle_ms : k == "--dim" ? &f.dim : nullptr;
+               : k == "--settle-ms" ? &f.settle_ms : k == "--dim" ? &f.dim
+               : k == "--exit-at-join" ? &f.exit_at_join : nullptr;
       if (!dst) throw dx::Error("unknown flag " + k);
       *dst = std::stoi(v);
     }
@@ -67,7 +72,11 @@ class Site {
   Site(const Flags& f, dx::ElasticGroup& group)
       : f_(f), group_(group), problem_(kMaxSites, f.dim, f.dim / 2, 64, 0.2f, 7), replica_(problem_, f.site, 0.01f) {
     if (group_.newcomer()) {
-      receive_state();
+      try {
+        receive_state();
+      } catch (const dx::Error& e) {
+        recover(e.what());
+      }
     } else {
       build_loop({});
       check_identical();
@@ -75,21 +84,19 @@ class Site {
   }
 
   void train() {
-    bool resync = false;
     while (progress_ < f_.rounds) {
-      if (!resync) {
+      if (!replay_) {
         while (!loop_->next_step_syncs()) inner_step(), loop_->step();
         inner_step();
         snapshot();
       }
-      resync = false;
+      replay_ = false;
       try {
         if (transaction()) return;
         ++progress_;
         print_round();
       } catch (const dx::Error& e) {
         recover(e.what());
-        resync = true;
       }
     }
     std::printf("{\"event\":\"done\",\"site\":%d,\"round\":%lld,\"epoch\":%llu,\"sites\":%s,\"checksum\":\"%016llx\",\"distance\":%.6f}\n",
@@ -133,6 +140,7 @@ class Site {
       std::printf("{\"event\":\"left\",\"site\":%d,\"round\":%lld}\n", f_.site, static_cast<long long>(progress_ + 1));
       return true;
     }
+    if (f_.exit_at_join && !change.joined.empty()) std::_Exit(9);
     if (change.changed()) {
       std::printf("{\"event\":\"membership\",\"site\":%d,\"round\":%lld,\"epoch\":%llu,\"sites\":%s,\"joined\":%s,\"left\":%s}\n",
                   f_.site, static_cast<long long>(progress_ + 1), static_cast<unsigned long long>(group_.epoch()),
@@ -150,19 +158,29 @@ class Site {
     snapshots_.erase(progress_ - 2);
   }
 
+  // After a failed operation: the survivors' membership, and this site back at the latest
+  // snapshot every survivor holds (before that round's sync, which train() then replays).
   void recover(const std::string& why) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::int64_t target = group_.recover(progress_);
+    const std::int64_t held = snapshots_.empty() ? -1 : snapshots_.rbegin()->first;
+    const std::int64_t target = group_.recover(held);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const auto it = snapshots_.find(target);
-    if (it == snapshots_.end()) throw dx::Error("no snapshot of round " + std::to_string(target) + " to roll back to");
-    replica_ = it->second.replica;
-    progress_ = target;
-    share(progress_, it->second.loop);
-    build_loop(it->second.loop);
-    std::printf("{\"event\":\"recovered\",\"site\":%d,\"epoch\":%llu,\"sites\":%s,\"rolled_back_to\":%lld,\"waited_s\":%.3f,\"why\":\"%s\"}\n",
+    const bool have = it != snapshots_.end();
+    const auto got = group_.share_state([&] { return encode(target, it->second.loop); }, !have);
+    if (have) {
+      replica_ = it->second.replica;
+      progress_ = target;
+      build_loop(it->second.loop);
+      snapshots_.erase(std::next(it), snapshots_.end());
+    } else {
+      snapshots_.clear();
+      take(*got);
+    }
+    replay_ = true;
+    std::printf("{\"event\":\"recovered\",\"site\":%d,\"epoch\":%llu,\"sites\":%s,\"rolled_back_to\":%lld,\"from\":\"%s\",\"waited_s\":%.3f,\"why\":\"%s\"}\n",
                 f_.site, static_cast<unsigned long long>(group_.epoch()), list(group_.sites()).c_str(),
-                static_cast<long long>(target), waited, why.substr(0, 120).c_str());
+                static_cast<long long>(target), have ? "snapshot" : "holder", waited, why.substr(0, 120).c_str());
     std::fflush(stdout);
     check_identical();
   }
@@ -170,19 +188,24 @@ class Site {
   // Every member after a change, before its loop is rebuilt (the newcomers build theirs
   // after it): newcomers get the loop's state and the progress.
   void share(std::int64_t progress, std::span<const std::byte> loop_state) {
-    group_.share_state([&] {
-      dx::StateWriter w;
-      w.value(progress);
-      w.values(loop_state);
-      return w.bytes();
-    });
+    group_.share_state([&] { return encode(progress, loop_state); });
   }
-  void receive_state() {
-    const auto got = group_.share_state([]() -> std::vector<std::byte> { throw dx::Error("a newcomer holds no state"); });
-    dx::StateReader r(*got);
+  static std::vector<std::byte> encode(std::int64_t progress, std::span<const std::byte> loop_state) {
+    dx::StateWriter w;
+    w.value(progress);
+    w.values(loop_state);
+    return w.bytes();
+  }
+  // The state a member shared: its progress and loop; this replica restarts from theta.
+  void take(std::span<const std::byte> state) {
+    dx::StateReader r(state);
     progress_ = r.value<std::int64_t>();
     build_loop(r.vector<std::byte>());
     loop_->restart_from_global();  // phi (w, b) <- theta; the donor's debt dropped
+  }
+  void receive_state() {
+    const auto got = group_.share_state([]() -> std::vector<std::byte> { throw dx::Error("a newcomer holds no state"); });
+    take(*got);
     std::printf("{\"event\":\"joined\",\"site\":%d,\"round\":%lld,\"epoch\":%llu,\"sites\":%s}\n", f_.site,
                 static_cast<long long>(progress_), static_cast<unsigned long long>(group_.epoch()), list(group_.sites()).c_str());
     check_identical();
@@ -216,6 +239,7 @@ class Site {
   std::optional<dx::OuterLoop<dx::ElasticGroup>> loop_;
   std::map<std::int64_t, Snapshot> snapshots_;
   std::int64_t progress_ = 0;  // rounds completed
+  bool replay_ = false;        // recovered: the next round replays its sync from the snapshot
 };
 
 }  // namespace

@@ -8,7 +8,9 @@
 # 14 until the others have gone on without it (their operation's 5 s timeout), then
 # continued: it is told it was left out. Passes when the sites that finish hold identical
 # global parameters, each event happened, and the survivors' wait after the kill stayed
-# within the settle time plus 5 s.
+# within the settle time plus 5 s. Then a second run: site 2 dies at the boundary that
+# admits a new site 3, before the state is shared; site 3, holding no snapshot yet, takes
+# a holder's copy when the survivors roll back, and sites 0, 1 and 3 finish identical.
 # Usage: elastic_test.sh path/to/elastic_site [rounds]
 set -euo pipefail
 site_bin=$1
@@ -23,16 +25,18 @@ trap cleanup EXIT
 fail() { echo "elastic_test: FAIL: $*"; for f in "$dir"/*.log; do echo "--- $f"; tail -5 "$f"; done; exit 1; }
 
 settle_ms=2000
+run=elastic
 start_site() {  # start_site NAME SITE [extra flags]: background, logs in $dir/NAME.{out,err}.log
   local name=$1 site=$2
   shift 2
-  "$site_bin" --store "file://$dir" --run elastic --site "$site" --founders 3 --rounds "$rounds" --steps 5 \
+  "$site_bin" --store "file://$dir" --run $run --site "$site" --founders 3 --rounds "$rounds" --steps 5 \
     --pace-ms 25 --timeout-ms 5000 --settle-ms $settle_ms "$@" >"$dir/$name.out.log" 2>"$dir/$name.err.log" &
   pids+=($!)
   eval "pid_$name=$!"
 }
-# The last round site 0 completed.
-round_of_0() { grep -o '"event":"round","site":0,"round":[0-9]*' "$dir/s0.out.log" 2>/dev/null | tail -1 | grep -o '[0-9]*$' || echo 0; }
+# The last round site 0 completed (its log: $dir/$log0.out.log).
+log0=s0
+round_of_0() { grep -o '"event":"round","site":0,"round":[0-9]*' "$dir/$log0.out.log" 2>/dev/null | tail -1 | grep -o '[0-9]*$' || echo 0; }
 wait_round() {  # wait_round N: until site 0 has completed round N (60 s at most)
   for _ in $(seq 600); do
     (($(round_of_0) >= $1)) && return 0
@@ -101,4 +105,25 @@ for w in $waits; do
 done
 echo "elastic_test: survivors waited $(echo $waits | tr '\n' ' ')s after the kill (settle ${settle_ms} ms)"
 echo "elastic_test: final $(echo "$done_lines" | head -1)"
+
+run=elastic_join log0=j0 rounds=12
+start_site j0 0
+start_site j1 1
+start_site j2 2 --exit-at-join 1
+wait_round 2
+start_site j3 3
+for name in j0 j1 j2 j3; do
+  p=pid_$name
+  code=0
+  wait "${!p}" || code=$?
+  [[ $name == j2 && $code == 9 || $name != j2 && $code == 0 ]] || fail "site $name exited $code"
+done
+grep -q '"event":"recovered","site":3,.*"from":"holder"' "$dir/j3.out.log" ||
+  fail "the joining site 3 did not take a holder's state: $(cat "$dir/j3.out.log" "$dir/j3.err.log")"
+done_lines=$(cat "$dir"/j0.out.log "$dir"/j1.out.log "$dir"/j3.out.log | grep '"event":"done"')
+[[ $(echo "$done_lines" | grep -c "\"round\":$rounds,.*\"sites\":\[0,1,3\]") == 3 ]] ||
+  fail "sites 0, 1 and 3 did not all finish round $rounds together: $done_lines"
+[[ $(echo "$done_lines" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l) == 1 ]] ||
+  fail "after the joiner's rollback the sites end with different global parameters: $done_lines"
+echo "elastic_test: a site died while site 3 joined; site 3 took a holder's state: $(grep -o '"event":"recovered".*"waited_s":[0-9.]*' "$dir/j3.out.log")"
 echo "elastic_test: PASS"
