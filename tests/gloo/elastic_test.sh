@@ -34,6 +34,19 @@ start_site() {  # start_site NAME SITE [extra flags]: background, logs in $dir/N
   pids+=($!)
   eval "pid_$name=$!"
 }
+expect_exit() {  # expect_exit CODE NAME...: each site NAME ends with exit status CODE
+  local want=$1 name p code
+  shift
+  for name in "$@"; do
+    p=pid_$name code=0
+    wait "${!p}" || code=$?
+    [[ $code == "$want" ]] || fail "site $name exited $code, not $want"
+  done
+}
+one_checksum() {  # one_checksum DONE_LINES: the sites that finished hold the same global parameters
+  [[ $(echo "$1" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l) == 1 ]] ||
+    fail "the sites end with different global parameters: $1"
+}
 # The last round site 0 completed (its log: $dir/$log0.out.log).
 log0=s0
 round_of_0() { grep -o '"event":"round","site":0,"round":[0-9]*' "$dir/$log0.out.log" 2>/dev/null | tail -1 | grep -o '[0-9]*$' || echo 0; }
@@ -73,15 +86,8 @@ for _ in $(seq 300); do
 done
 kill -CONT "$pid_s3"
 
-for name in s0 s1b s3 s2 bad dup; do
-  p=pid_$name
-  code=0
-  wait "${!p}" || code=$?
-  case $name in
-    bad | dup | s3) [[ $code == 1 ]] || fail "site $name exited $code, not 1" ;;
-    *) [[ $code == 0 ]] || fail "site $name exited $code" ;;
-  esac
-done
+expect_exit 0 s0 s1b s2
+expect_exit 1 s3 bad dup
 
 grep -q 'refused by the run.s sites: its configuration differs from the run.s: dim .16. (the run.s: .24.)' "$dir/bad.err.log" ||
   fail "the refusal does not name the differing flag: $(cat "$dir/bad.err.log")"
@@ -95,8 +101,7 @@ grep -q '"event":"joined","site":1' "$dir/s1b.out.log" || fail "site 1 did not r
 done_lines=$(cat "$dir"/s0.out.log "$dir"/s1b.out.log | grep '"event":"done"')
 [[ $(echo "$done_lines" | wc -l) == 2 ]] || fail "not every remaining site finished: $done_lines"
 echo "$done_lines" | grep -q "\"round\":$rounds" || fail "the run did not reach round $rounds"
-sums=$(echo "$done_lines" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l)
-[[ $sums == 1 ]] || fail "the sites end with different global parameters: $done_lines"
+one_checksum "$done_lines"
 echo "$done_lines" | grep -q '"sites":\[0,1\]' || fail "the final membership is not sites 0 and 1: $done_lines"
 waits=$(grep -ho '"event":"recovered".*"sites":\[0,2\].*' "$dir"/s0.out.log "$dir"/s2.out.log | grep -o '"waited_s":[0-9.]*' | cut -d: -f2)
 [[ -n $waits ]] || fail "no survivor recovered from the kill"
@@ -112,18 +117,13 @@ start_site j1 1
 start_site j2 2 --exit-at-join 1
 wait_round 2
 start_site j3 3
-for name in j0 j1 j2 j3; do
-  p=pid_$name
-  code=0
-  wait "${!p}" || code=$?
-  [[ $name == j2 && $code == 9 || $name != j2 && $code == 0 ]] || fail "site $name exited $code"
-done
+expect_exit 0 j0 j1 j3
+expect_exit 9 j2
 grep -q '"event":"recovered","site":3,.*"from":"holder"' "$dir/j3.out.log" ||
   fail "the joining site 3 did not take a holder's state: $(cat "$dir/j3.out.log" "$dir/j3.err.log")"
 done_lines=$(cat "$dir"/j0.out.log "$dir"/j1.out.log "$dir"/j3.out.log | grep '"event":"done"')
 [[ $(echo "$done_lines" | grep -c "\"round\":$rounds,.*\"sites\":\[0,1,3\]") == 3 ]] ||
   fail "sites 0, 1 and 3 did not all finish round $rounds together: $done_lines"
-[[ $(echo "$done_lines" | grep -o '"checksum":"[0-9a-f]*"' | sort -u | wc -l) == 1 ]] ||
-  fail "after the joiner's rollback the sites end with different global parameters: $done_lines"
+one_checksum "$done_lines"
 echo "elastic_test: a site died while site 3 joined; site 3 took a holder's state: $(grep -o '"event":"recovered".*"waited_s":[0-9.]*' "$dir/j3.out.log")"
 echo "elastic_test: PASS"
