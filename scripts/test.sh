@@ -32,7 +32,7 @@ echo "CUDA sources compiled: $(ninja -C build -t targets all 2>/dev/null | grep 
 ctest --no-tests=error --test-dir build -j "$jobs" --output-on-failure
 
 # The sanitizer builds: -O1 with line tables only. Their reports need file:line, not
-# variables, and these flags compile about 28% faster than RelWithDebInfo's -O2 -g.
+# variables, and these flags compile faster than RelWithDebInfo's -O2 -g.
 san=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" -DDILOCOX_NATIVE=OFF)
 
 stage "ASan + UBSan build and unit tests"
